@@ -1,0 +1,169 @@
+"""Typed configuration schema.
+
+Every YAML file under ``configs/`` is validated against these dataclasses, so a
+mistyped key (``trainer.max_step=5``) or a wrong type fails before any work starts.
+Only the entry points (``nmt.train``, ``nmt.translate``) see these objects; the
+``build_*`` factories turn them into plain Python values for the modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class DataConfig:
+    # "tsv": local files ``{dir}/{train,valid,test}``; "hub": a Hugging Face dataset.
+    source: str = "tsv"
+    dir: str = "data/spa-eng"
+    train: str = "train.tsv"
+    valid: str = "valid.tsv"
+    test: str = "test.tsv"
+    # Hub datasets (source=hub): ``load_dataset(hub_path, hub_name, split=..., streaming=True)``.
+    hub_path: str | None = None
+    hub_name: str | None = None
+    train_split: str = "train"
+    valid_split: str = "validation"
+    test_split: str = "test"
+    src_lang: str = "en"
+    tgt_lang: str = "es"
+    # Fill ``dir`` with the default corpus on first use (tsv only; see nmt.data.fetch).
+    fetch: bool = True
+    # Malformed corpus lines are counted and reported; strict=true makes them fatal.
+    strict: bool = False
+    # Pairs longer than this many pieces (either side) are left out of training.
+    max_len: int = 50
+    # Token budget per batch: n_sentences * max(padded src len, padded tgt len) <= max_tokens.
+    max_tokens: int = 2000
+    # Pairs read ahead, sorted by length and cut into batches (bigger = less padding).
+    bucket_size: int = 20000
+    # Streaming shuffle buffer (pairs) in front of the bucketing.
+    shuffle_buffer: int = 20000
+    # DataLoader workers that read + tokenise + batch while the model computes.
+    num_workers: int = 1
+    # Cap on validation sentences decoded for BLEU during training (0 = all).
+    valid_max_sentences: int = 0
+
+
+@dataclass
+class TokenizerConfig:
+    model_type: str = "unigram"  # unigram | bpe
+    vocab_size: int = 8000
+    joint: bool = True  # one vocabulary for both languages (needed for tied src/tgt embeddings)
+    sample_size: int = 300000  # sentences per language read from the training stream to train on
+    character_coverage: float = 1.0
+    # Trained models are cached under cache_dir/<key>, key = hash(corpus + these settings).
+    # (cache root: $NMT_CACHE, default ~/.cache/nmt).
+    cache_dir: str = "${oc.env:NMT_CACHE,'~/.cache/nmt'}/sentencepiece"
+
+
+@dataclass
+class EncoderConfig:
+    cell: str = "gru"  # gru | lstm
+    emb_size: int = 256
+    hidden_size: int = 256  # per direction; keys/values are 2 * hidden_size wide
+    layers: int = 1
+    dropout: float = 0.2
+
+
+@dataclass
+class AttentionConfig:
+    name: str = MISSING  # a key of nmt.models.attention.ATTENTIONS
+    # Width of the scoring MLP for concat/bahdanau (0 = decoder hidden size).
+    dim: int = 0
+
+
+@dataclass
+class DecoderConfig:
+    order: str = "bahdanau"  # bahdanau (attend, then RNN) | luong (RNN, then attend)
+    cell: str = "${encoder.cell}"
+    emb_size: int = 256
+    hidden_size: int = 512
+    layers: int = 1
+    dropout: float = 0.2
+    input_feeding: bool = True  # luong order only: feed the last attentional vector to the RNN
+    tie_embeddings: bool = False  # output projection shares the target embedding matrix
+
+
+@dataclass
+class WandbConfig:
+    # auto: online when an API key is configured, else offline; or online | offline | disabled.
+    mode: str = "auto"
+    project: str = "nmt"
+    entity: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 0  # 0 = no limit
+    max_epochs: int = 0  # 0 = no limit
+    max_minutes: float = 0.0  # wall-clock budget, 0 = no limit
+    optimizer: str = "adam"  # adam | adamw
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    # constant | warmup_decay (linear warmup, then inverse square root) | plateau (halve on no BLEU gain)
+    scheduler: str = "plateau"
+    warmup_steps: int = 0
+    plateau_factor: float = 0.5
+    plateau_patience: int = 2
+    min_lr: float = 1e-5
+    clip_grad: float = 1.0
+    label_smoothing: float = 0.1
+    # Probability of feeding the reference token; < 1 = scheduled sampling (forces the step loop).
+    teacher_forcing: float = 1.0
+    amp: str = "bf16"  # none | bf16 | fp16; autocast on CUDA only
+    valid_every: int = 1000  # steps
+    val_beam_size: int = 1
+    patience: int = 0  # stop after this many validations without a BLEU gain (0 = never)
+    log_every: int = 100
+    resume: bool = False
+    keep_last: int = 1  # step-numbered checkpoints kept besides last.pt / best.pt
+    threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    seed: int = 1234
+    name: str = "nmt"
+
+
+@dataclass
+class TranslateConfig:
+    checkpoint: str = MISSING
+    input: str | None = None  # a file; None = stdin
+    output: str | None = None  # a file; None = stdout
+    beam_size: int = 5
+    length_penalty: float = 1.0  # GNMT alpha; 0 = raw log-probability
+    max_len_ratio: float = 2.0  # hypotheses stop at max_len_ratio * source length + 10 pieces
+    batch_size: int = 64  # lines read per batch from a file (stdin is answered line by line)
+    max_input_len: int = 256  # source pieces kept per line; longer lines are truncated with a warning
+    device: str = "auto"
+    threads: int = 0
+
+
+def register_configs() -> None:
+    """Register the schemas so Hydra validates the YAML files against them."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="translate_schema", node=TranslateConfig)
+
+
+def to_plain(cfg: Any) -> dict:
+    """Resolved, JSON-serialisable copy of a config (what checkpoints and wandb store)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]

@@ -1,0 +1,159 @@
+"""Token-budget batches from length buckets, built in a DataLoader worker.
+
+Why this shape: sorting a bucket of pairs by length before cutting batches keeps
+padding near zero, and a token budget (not a sentence count) keeps every batch the
+same amount of work, so the step time and memory stay flat. The whole pipeline
+(read → tokenise → bucket → pad) runs in a worker process so it overlaps compute.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import IterableDataset
+
+from nmt.data.corpus import CorpusSpec, stream_pairs
+from nmt.data.tokenizer import BOS, EOS, PAD, Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    src: torch.Tensor  # [B, S] source ids + EOS, PAD-padded
+    src_len: torch.Tensor  # [B] (int64, on CPU: pack_padded_sequence wants it there)
+    tgt_in: torch.Tensor  # [B, T] BOS + target ids
+    tgt_out: torch.Tensor  # [B, T] target ids + EOS
+    n_tgt_tokens: int  # real (non-pad) target tokens, known without a device sync
+    epoch: int = 0
+    index: int = 0  # position of this batch within its epoch, for resuming the stream
+
+    def to(self, device: torch.device) -> Batch:
+        nb = device.type == "cuda"
+        return Batch(self.src.to(device, non_blocking=nb), self.src_len,
+                     self.tgt_in.to(device, non_blocking=nb), self.tgt_out.to(device, non_blocking=nb),
+                     self.n_tgt_tokens, self.epoch, self.index)
+
+    def pin_memory(self) -> Batch:
+        return Batch(self.src.pin_memory(), self.src_len, self.tgt_in.pin_memory(),
+                     self.tgt_out.pin_memory(), self.n_tgt_tokens, self.epoch, self.index)
+
+
+def pad(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
+    """[B, max len] int64 tensor, PAD-filled."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), PAD, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+def collate(src: Sequence[list[int]], tgt: Sequence[list[int]], epoch: int = 0, index: int = 0) -> Batch:
+    """Pieces (without BOS/EOS) → a padded Batch."""
+    return Batch(
+        src=pad([s + [EOS] for s in src]),
+        src_len=torch.tensor([len(s) + 1 for s in src], dtype=torch.long),
+        tgt_in=pad([[BOS] + t for t in tgt]),
+        tgt_out=pad([t + [EOS] for t in tgt]),
+        n_tgt_tokens=sum(len(t) + 1 for t in tgt),
+        epoch=epoch,
+        index=index,
+    )
+
+
+def token_budget_groups(order: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Cut ``order`` (indices sorted by length) into groups with n * max(len) <= max_tokens."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        new_longest = max(longest, lengths[i])
+        if cur and new_longest * (len(cur) + 1) > max_tokens:
+            groups.append(cur)
+            cur, new_longest = [], lengths[i]
+        cur.append(i)
+        longest = new_longest
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+class BatchStream(IterableDataset):
+    """Endless stream of training batches, epoch after epoch, deterministic for a seed.
+
+    ``start_epoch`` / ``skip_batches`` let a resumed run continue the stream where the
+    interrupted one stopped: the same seed rebuilds the same batches, and the first
+    ``skip_batches`` of ``start_epoch`` are dropped.
+    """
+
+    def __init__(self, spec: CorpusSpec, tokenizer_state: dict, max_len: int, max_tokens: int,
+                 bucket_size: int, shuffle_buffer: int, seed: int, start_epoch: int = 0,
+                 skip_batches: int = 0):
+        super().__init__()
+        self.spec, self.tokenizer_state = spec, tokenizer_state
+        self.max_len, self.max_tokens = max_len, max_tokens
+        self.bucket_size, self.shuffle_buffer, self.seed = bucket_size, shuffle_buffer, seed
+        self.start_epoch, self.skip_batches = start_epoch, skip_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        tok = Tokenizer.from_state_dict(self.tokenizer_state)  # built here: lives in the worker
+        epoch = self.start_epoch
+        while True:
+            for batch in self.epoch_batches(tok, epoch):
+                if epoch == self.start_epoch and batch.index < self.skip_batches:
+                    continue
+                yield batch
+            epoch += 1
+
+    def _buckets(self, epoch: int) -> Iterator[list[dict]]:
+        ds = stream_pairs(self.spec)
+        if self.shuffle_buffer > 1:
+            ds = ds.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
+            ds.set_epoch(epoch)
+        bucket: list[dict] = []
+        for row in ds:
+            bucket.append(row)
+            if len(bucket) >= self.bucket_size:
+                yield bucket
+                bucket = []
+        if bucket:
+            yield bucket
+
+    def epoch_batches(self, tok: Tokenizer, epoch: int) -> Iterator[Batch]:
+        rng = random.Random(self.seed * 1_000_003 + epoch)
+        index, too_long, total = 0, 0, 0
+        for bucket in self._buckets(epoch):
+            srcs = tok.encode_src([r["src"] for r in bucket])
+            tgts = tok.encode_tgt([r["tgt"] for r in bucket])
+            total += len(bucket)
+            keep = [i for i in range(len(bucket))
+                    if 0 < len(srcs[i]) < self.max_len and 0 < len(tgts[i]) < self.max_len]
+            too_long += len(bucket) - len(keep)
+            lengths = {i: max(len(srcs[i]), len(tgts[i])) + 1 for i in keep}
+            # Sort by padded length, then target length, random tie-break: both sides pack tightly.
+            keys = {i: (lengths[i], len(tgts[i]), rng.random()) for i in keep}
+            order = sorted(keep, key=keys.__getitem__)
+            groups = token_budget_groups(order, lengths, self.max_tokens)
+            rng.shuffle(groups)
+            for g in groups:
+                yield collate([srcs[i] for i in g], [tgts[i] for i in g], epoch, index)
+                index += 1
+        if epoch == self.start_epoch and too_long:
+            log.info("epoch %d: left out %d of %d pairs longer than data.max_len=%d pieces",
+                     epoch, too_long, total, self.max_len)
+
+
+def eval_batches(src_ids: list[list[int]], tgt_ids: list[list[int]] | None, max_tokens: int
+                 ) -> Iterator[tuple[list[int], Batch]]:
+    """Length-sorted batches over an in-memory set; yields (original indices, batch).
+
+    Sources longer than the budget still get a batch of their own, so nothing is dropped.
+    """
+    tgts = tgt_ids if tgt_ids is not None else [[] for _ in src_ids]
+    lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgts)]
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    for g in token_budget_groups(order, lengths, max_tokens):
+        yield g, collate([src_ids[i] for i in g], [tgts[i] for i in g])

@@ -1,0 +1,17 @@
+"""Errors a user can fix. The commands report them as one line (no traceback) and exit 2."""
+
+
+class NmtError(Exception):
+    """Base class: the message names the file/line/key and what was expected."""
+
+
+class ConfigError(NmtError, ValueError):
+    """An unknown config value or an impossible combination of values."""
+
+
+class CorpusError(NmtError, ValueError):
+    """A missing/empty corpus, or a malformed line under data.strict=true."""
+
+
+class CheckpointError(NmtError, RuntimeError):
+    """A checkpoint that cannot be used (missing, truncated, corrupt, foreign, wrong version)."""

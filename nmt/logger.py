@@ -1,0 +1,76 @@
+"""Where metrics go: ``metrics.jsonl`` in the run directory (always) and wandb (when enabled).
+
+wandb is imported only when a run uses it, so machines without it (or without a
+network) train the same; with no API key the run is logged offline and can be
+uploaded later with ``wandb sync``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+
+from nmt.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def wandb_mode(mode: str) -> str:
+    """Resolve ``auto``: online when an API key is configured, else offline."""
+    if mode != "auto":
+        if mode not in ("online", "offline", "disabled"):
+            raise ConfigError(f"wandb.mode={mode!r} is unknown; choose auto, online, offline or disabled")
+        return mode
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online"
+    except (FileNotFoundError, netrc.NetrcParseError):
+        pass
+    return "offline"
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, config: dict, wandb_cfg: Any, resume: bool):
+        self.path = run_dir / "metrics.jsonl"
+        self.run = None
+        mode = wandb_mode(wandb_cfg.mode)
+        if mode != "disabled":
+            import wandb  # lazy: optional at run time
+
+            self.run = wandb.init(project=wandb_cfg.project, entity=wandb_cfg.entity,
+                                  name=wandb_cfg.name or run_dir.name, dir=str(run_dir), config=config,
+                                  mode=mode, resume="allow" if resume else None,
+                                  id=self._run_id(run_dir, resume))
+            log.info("wandb: logging %s (mode=%s)", "online" if mode == "online" else "to " +
+                     str(run_dir / "wandb"), mode)
+
+    @staticmethod
+    def _run_id(run_dir: Path, resume: bool) -> str | None:
+        """Keep one wandb run per run directory, so a resumed run continues its curves."""
+        id_file = run_dir / ".wandb_id"
+        if resume and id_file.is_file():
+            return id_file.read_text().strip()
+        import wandb
+
+        run_id = wandb.util.generate_id()
+        id_file.write_text(run_id)
+        return run_id
+
+    def log(self, record: dict, step: int, to_file: bool = True) -> None:
+        if to_file:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        if self.run is not None:
+            self.run.log(record, step=step)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()

@@ -1,0 +1,26 @@
+"""Name → attention class. A new attention is one registered class plus one YAML file."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from nmt.errors import ConfigError
+
+ATTENTIONS: dict[str, type] = {}
+
+
+def register(name: str) -> Callable[[type], type]:
+    def wrap(cls: type) -> type:
+        if name in ATTENTIONS:
+            raise ConfigError(f"attention {name!r} registered twice")
+        ATTENTIONS[name] = cls
+        return cls
+
+    return wrap
+
+
+def build_attention(name: str, query_size: int, key_size: int, dim: int = 0):
+    """The registered class for ``name``; ``dim`` 0 means the query (decoder) size."""
+    if name not in ATTENTIONS:
+        raise ConfigError(f"attention.name={name!r} is unknown; choose one of {sorted(ATTENTIONS)}")
+    return ATTENTIONS[name](query_size, key_size, dim or query_size)

@@ -1,0 +1,239 @@
+"""Attention decoders in the two classic orders.
+
+* Bahdanau order (Bahdanau et al. 2015): attend with the *previous* state, feed the
+  context into the RNN, read out from [s_t; c_t; e_t].
+* Luong order (Luong et al. 2015): run the RNN, attend with the *current* state,
+  attentional state h̃_t = tanh(W_c [c_t; h_t]); optionally fed to the next input.
+
+Speed is designed in: the RNN weights live in one ``nn.GRU``/``nn.LSTM`` so that
+Luong order without input feeding runs the whole target in one (cuDNN) call; step
+loops use the same weights through a hand-written cell so the embedding half of the
+input GEMM is computed once for all steps; per-step outputs are written into one
+buffer and the output projection runs once after the loop. ``step`` (used by search)
+and ``forward`` share the same cell code, and a test holds them to the same logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.data.tokenizer import PAD
+from nmt.errors import ConfigError
+from nmt.models.attention import Attention, AttentionState
+from nmt.models.encoder import RNNS, EncoderOutput, RNNState, check_cell
+
+
+@dataclass
+class DecoderState:
+    hidden: RNNState  # [L, B, H] (GRU) or a pair of them (LSTM)
+    attn: AttentionState
+    feed: torch.Tensor | None = None  # [B, O] last attentional vector (Luong input feeding)
+
+    def index_select(self, idx: torch.Tensor) -> DecoderState:
+        """Reorder/expand along the batch, e.g. to follow beam back-pointers."""
+        if isinstance(self.hidden, tuple):
+            hidden = tuple(h.index_select(1, idx) for h in self.hidden)
+        else:
+            hidden = self.hidden.index_select(1, idx)
+        feed = None if self.feed is None else self.feed.index_select(0, idx)
+        return DecoderState(hidden, self.attn.index_select(idx), feed)
+
+
+def top(hidden: RNNState) -> torch.Tensor:
+    """Top-layer hidden state [B, H]."""
+    return (hidden[0] if isinstance(hidden, tuple) else hidden)[-1]
+
+
+class Decoder(nn.Module):
+    """Shared parts: embeddings, the stacked RNN, attention, output layer, the step cell."""
+
+    def __init__(self, vocab_size: int, emb_size: int, hidden_size: int, layers: int, cell: str,
+                 dropout: float, attention: Attention, key_size: int, extra_input: int, out_size: int,
+                 tie_embeddings: bool):
+        super().__init__()
+        rnn = check_cell(cell, "decoder.cell")
+        self.lstm = cell == "lstm"
+        self.emb_size, self.hidden_size, self.layers = emb_size, hidden_size, layers
+        self.key_size, self.out_size = key_size, out_size
+        self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
+        self.dropout = nn.Dropout(dropout)
+        self.rnn = rnn(emb_size + extra_input, hidden_size, num_layers=layers, batch_first=True,
+                       dropout=dropout if layers > 1 else 0.0)
+        self.attention = attention
+        self.out = nn.Linear(out_size, vocab_size)
+        if tie_embeddings:
+            if out_size != emb_size:
+                raise ConfigError(f"decoder.tie_embeddings needs the output size {out_size} == "
+                                 f"decoder.emb_size {emb_size}")
+            self.out.weight = self.embed.weight
+
+    # ---- the recurrent cell, shared by every loop and by search ----
+    def _w(self, name: str, layer: int) -> torch.Tensor:
+        return getattr(self.rnn, f"{name}_l{layer}")
+
+    def embed_gates(self, emb: torch.Tensor) -> torch.Tensor:
+        """Embedding half of layer 0's input GEMM (+ its bias): [.., E] → [.., G*H]. Hoistable."""
+        return F.linear(emb, self._w("weight_ih", 0)[:, : self.emb_size], self._w("bias_ih", 0))
+
+    def extra_gates(self, x: torch.Tensor) -> torch.Tensor:
+        """The other half of layer 0's input GEMM (context or fed vector): [B, X] → [B, G*H]."""
+        return F.linear(x, self._w("weight_ih", 0)[:, self.emb_size:])
+
+    def _cell(self, gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, layer: int):
+        """One GRU/LSTM cell step from precomputed input gates gx [B, G*H] (PyTorch's equations)."""
+        gh = F.linear(h, self._w("weight_hh", layer), self._w("bias_hh", layer))
+        if self.lstm:
+            i, f, g, o = (gx + gh).chunk(4, dim=1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            return torch.sigmoid(o) * torch.tanh(c), c
+        xr, xz, xn = gx.chunk(3, dim=1)
+        hr, hz, hn = gh.chunk(3, dim=1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        n = torch.tanh(xn + r * hn)
+        return n + z * (h - n), None
+
+    def rnn_step(self, gx0: torch.Tensor, hidden: RNNState) -> RNNState:
+        """Advance every layer one step; gx0 [B, G*H] are layer 0's input gates."""
+        hs, cs = (hidden if self.lstm else (hidden, None))
+        new_h, new_c = [], []
+        gx = gx0
+        for layer in range(self.layers):
+            h, c = self._cell(gx, hs[layer], None if cs is None else cs[layer], layer)
+            new_h.append(h)
+            new_c.append(c)
+            if layer + 1 < self.layers:
+                below = F.dropout(h, self.rnn.dropout, self.training)
+                gx = F.linear(below, self._w("weight_ih", layer + 1), self._w("bias_ih", layer + 1))
+        h_out = torch.stack(new_h)
+        return (h_out, torch.stack(new_c)) if self.lstm else h_out
+
+    # ---- interface ----
+    def init_state(self, enc: EncoderOutput) -> DecoderState:
+        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask))
+
+    def step(self, y_prev: torch.Tensor, state: DecoderState
+             ) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
+        """y_prev [B] → (logits [B, V], new state, attention weights [B, S])."""
+        raise NotImplementedError
+
+    def forward(self, tgt_in: torch.Tensor, enc: EncoderOutput, teacher_forcing: float = 1.0
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced pass: tgt_in [B, T] → (logits [B, T, V], attention [B, T, S])."""
+        if teacher_forcing < 1.0 and self.training:
+            return self._sampled(tgt_in, enc, teacher_forcing)
+        return self._teacher_forced(tgt_in, enc)
+
+    def _teacher_forced(self, tgt_in: torch.Tensor, enc: EncoderOutput):
+        raise NotImplementedError
+
+    def _sampled(self, tgt_in: torch.Tensor, enc: EncoderOutput, ratio: float):
+        """Scheduled sampling (Bengio et al. 2015): per sentence and step, feed the reference
+        token with probability ``ratio``, else the model's own previous argmax. Needs the step loop."""
+        state = self.init_state(enc)
+        y = tgt_in[:, 0]
+        logits, weights = [], []
+        for t in range(tgt_in.size(1)):
+            lg, state, w = self.step(y, state)
+            logits.append(lg)
+            weights.append(w)
+            if t + 1 < tgt_in.size(1):
+                use_ref = torch.rand(y.shape, device=y.device) < ratio
+                y = torch.where(use_ref, tgt_in[:, t + 1], lg.argmax(-1))
+        return torch.stack(logits, 1), torch.stack(weights, 1)
+
+
+class BahdanauDecoder(Decoder):
+    """Attend with s_{t-1}, feed [e_t; c_t] to the RNN, read out tanh(W_o [s_t; c_t; e_t])."""
+
+    def __init__(self, vocab_size: int, emb_size: int, hidden_size: int, layers: int, cell: str,
+                 dropout: float, attention: Attention, key_size: int, tie_embeddings: bool):
+        out_size = emb_size if tie_embeddings else hidden_size
+        super().__init__(vocab_size, emb_size, hidden_size, layers, cell, dropout, attention, key_size,
+                         extra_input=key_size, out_size=out_size, tie_embeddings=tie_embeddings)
+        self.readout = nn.Linear(hidden_size + key_size + emb_size, out_size)
+
+    def _readout(self, h: torch.Tensor, ctx: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        return self.dropout(torch.tanh(self.readout(torch.cat([h, ctx, emb], dim=-1))))
+
+    def _core(self, gx_emb: torch.Tensor, state: DecoderState):
+        ctx, w = self.attention(top(state.hidden), state.attn)  # [B, K], [B, S]
+        hidden = self.rnn_step(gx_emb + self.extra_gates(ctx), state.hidden)
+        return ctx, w, DecoderState(hidden, state.attn)
+
+    def step(self, y_prev, state):
+        emb = self.dropout(self.embed(y_prev))  # [B, E]
+        ctx, w, state = self._core(self.embed_gates(emb), state)
+        return self.out(self._readout(top(state.hidden), ctx, emb)), state, w
+
+    def _teacher_forced(self, tgt_in, enc):
+        B, T = tgt_in.shape
+        emb = self.dropout(self.embed(tgt_in))  # [B, T, E]
+        gx = self.embed_gates(emb)  # [B, T, G*H], once for all steps
+        state = self.init_state(enc)
+        hs = emb.new_empty(B, T, self.hidden_size)
+        ctxs = emb.new_empty(B, T, self.key_size)
+        ws = emb.new_empty(B, T, enc.keys.size(1))
+        for t in range(T):
+            ctxs[:, t], ws[:, t], state = self._core(gx[:, t], state)
+            hs[:, t] = top(state.hidden)
+        # Readout and output projection once, over all steps.
+        return self.out(self._readout(hs, ctxs, emb)), ws
+
+
+class LuongDecoder(Decoder):
+    """RNN first, then attend with h_t: h̃_t = tanh(W_c [c_t; h_t]); input feeding optional."""
+
+    def __init__(self, vocab_size: int, emb_size: int, hidden_size: int, layers: int, cell: str,
+                 dropout: float, attention: Attention, key_size: int, tie_embeddings: bool,
+                 input_feeding: bool):
+        out_size = emb_size if tie_embeddings else hidden_size
+        super().__init__(vocab_size, emb_size, hidden_size, layers, cell, dropout, attention, key_size,
+                         extra_input=out_size if input_feeding else 0, out_size=out_size,
+                         tie_embeddings=tie_embeddings)
+        self.input_feeding = input_feeding
+        self.combine = nn.Linear(key_size + hidden_size, out_size, bias=False)
+
+    def _attend(self, h: torch.Tensor, attn: AttentionState):
+        ctx, w = self.attention(h, attn)  # [B, (T,) K]
+        return self.dropout(torch.tanh(self.combine(torch.cat([ctx, h], dim=-1)))), w
+
+    def init_state(self, enc):
+        state = super().init_state(enc)
+        if self.input_feeding:
+            state.feed = enc.keys.new_zeros(enc.keys.size(0), self.out_size)
+        return state
+
+    def _core(self, gx_emb: torch.Tensor, state: DecoderState):
+        gx = gx_emb + self.extra_gates(state.feed) if self.input_feeding else gx_emb
+        hidden = self.rnn_step(gx, state.hidden)
+        att, w = self._attend(top(hidden), state.attn)
+        return att, w, DecoderState(hidden, state.attn, att if self.input_feeding else None)
+
+    def step(self, y_prev, state):
+        att, w, state = self._core(self.embed_gates(self.dropout(self.embed(y_prev))), state)
+        return self.out(att), state, w
+
+    def _teacher_forced(self, tgt_in, enc):
+        emb = self.dropout(self.embed(tgt_in))  # [B, T, E]
+        if not self.input_feeding:
+            # Nothing depends on the previous output: one RNN call over all steps, then
+            # attention for all steps as batched matrix products.
+            h, _ = self.rnn(emb, enc.state)  # [B, T, H]
+            att, ws = self._attend(h, self.attention.prepare(enc.keys, enc.mask))
+            return self.out(att), ws
+        B, T = tgt_in.shape
+        gx = self.embed_gates(emb)
+        state = self.init_state(enc)
+        atts = emb.new_empty(B, T, self.out_size)
+        ws = emb.new_empty(B, T, enc.keys.size(1))
+        for t in range(T):
+            atts[:, t], ws[:, t], state = self._core(gx[:, t], state)
+        return self.out(atts), ws
+
+
+DECODERS = {"bahdanau": BahdanauDecoder, "luong": LuongDecoder}
+__all__ = ["DECODERS", "BahdanauDecoder", "Decoder", "DecoderState", "LuongDecoder", "RNNS"]

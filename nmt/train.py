@@ -1,0 +1,96 @@
+"""``python -m nmt.train``: config → data, tokenizer, model, trainer → a trained checkpoint.
+
+Examples::
+
+    python -m nmt.train                                  # default corpus, Bahdanau attention
+    python -m nmt.train attention=general decoder=luong  # swap parts
+    python -m nmt.train -m attention=dot,general,concat,bahdanau   # sweep
+    python -m nmt.train hydra.run.dir=outputs/run1 trainer.resume=true
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from nmt.config import register_configs, to_plain
+from nmt.data import build_specs, build_tokenizer, prepare_corpus
+from nmt.data.batching import BatchStream
+from nmt.data.corpus import load_pairs
+from nmt.errors import ConfigError
+from nmt.logger import RunLogger
+from nmt.models.build import build_model, count_parameters
+from nmt.trainer import Trainer
+
+log = logging.getLogger("nmt.train")
+
+register_configs()
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name}: CUDA is not available on this machine; use device=cpu or auto")
+    return dev
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run(cfg: DictConfig, run_dir: Path) -> dict:
+    """Train with a resolved config; returns the last validation record."""
+    plain = to_plain(cfg)  # resolves interpolations and fails on missing values before any work
+    device = resolve_device(cfg.device)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    seed_everything(cfg.seed)
+    prepare_corpus(cfg.data)
+    specs = build_specs(cfg.data)
+    tokenizer = build_tokenizer(cfg.tokenizer, specs["train"])
+    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tokenizer.src_vocab_size,
+                        tokenizer.tgt_vocab_size).to(device)
+    log.info("model: %s encoder, %s attention, %s-order decoder, %s parameters, device %s",
+             cfg.encoder.cell, cfg.attention.name, cfg.decoder.order, f"{count_parameters(model):,}", device)
+    valid = load_pairs(specs["valid"])
+    logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume)
+    trainer = Trainer(model, tokenizer, cfg, plain, run_dir, device, valid, logger)
+    if cfg.trainer.resume:
+        trainer.resume()
+    p = trainer.progress
+    stream = BatchStream(specs["train"], tokenizer.state_dict(), cfg.data.max_len, cfg.data.max_tokens,
+                         cfg.data.bucket_size, cfg.data.shuffle_buffer, cfg.seed, start_epoch=p.epoch,
+                         skip_batches=p.batch_index + 1)
+    workers = cfg.data.num_workers
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
+                                         pin_memory=device.type == "cuda",
+                                         prefetch_factor=8 if workers else None,
+                                         persistent_workers=False)
+    try:
+        result = trainer.fit(iter(loader))
+    finally:
+        logger.finish()
+    log.info("done: best valid BLEU %.2f; checkpoints in %s", p.best_bleu, trainer.ckpt_dir)
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="config")
+def main(cfg: DictConfig) -> float:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    result = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return float(result.get("bleu", 0.0))  # the sweep objective, for optimiser plugins
+
+
+if __name__ == "__main__":
+    main()

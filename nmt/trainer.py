@@ -1,0 +1,316 @@
+"""The training loop: optimisation, validation, early stopping, checkpoints, resume, signals.
+
+One loop, no callbacks: read top to bottom to see everything a step does. The step
+itself never waits on the device (losses are accumulated as tensors and read only
+when logging), so CUDA runs ahead of Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sacrebleu
+import torch
+from tqdm import tqdm
+
+from nmt import checkpoint
+from nmt.data.batching import Batch, eval_batches
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import ConfigError
+from nmt.logger import RunLogger
+from nmt.models.seq2seq import Seq2Seq, nll_loss
+from nmt.translator import Translator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """Everything besides weights/optimiser that a resumed run must get back."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_index: int = -1  # last batch of ``epoch`` consumed
+    best_bleu: float = -1.0
+    bad_validations: int = 0  # validations in a row without a BLEU gain (early stopping)
+    elapsed_s: float = 0.0  # wall-clock seconds of training so far (counts against max_minutes)
+    history: list[dict] = field(default_factory=list)
+
+
+def build_optimizer(model: torch.nn.Module, t: Any) -> torch.optim.Optimizer:
+    opts = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if t.optimizer not in opts:
+        raise ConfigError(f"trainer.optimizer={t.optimizer!r} is unknown; choose one of {sorted(opts)}")
+    return opts[t.optimizer](model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+
+
+def build_scheduler(opt: torch.optim.Optimizer, t: Any):
+    """Per-step LambdaLR for constant/warmup_decay; ReduceLROnPlateau on valid BLEU for plateau."""
+    if t.scheduler == "plateau":
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=t.plateau_factor,
+                                                          patience=t.plateau_patience, min_lr=t.min_lr)
+    if t.scheduler == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    if t.scheduler == "warmup_decay":
+        w = max(1, t.warmup_steps)
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / w, math.sqrt(w / (s + 1))))
+    raise ConfigError(f"trainer.scheduler={t.scheduler!r} is unknown; choose constant, warmup_decay or plateau")
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class StopSignal:
+    """Turns SIGINT/SIGTERM into a flag the loop checks after each step, so it can save first."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:  # second signal: give up at once
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning("received %s: saving a checkpoint after this step, then exiting",
+                    signal.Signals(signum).name)
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+class Trainer:
+    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, cfg: Any, plain_config: dict, run_dir: Path,
+                 device: torch.device, valid_pairs: list[tuple[str, str]], logger: RunLogger):
+        self.model, self.tok, self.cfg, self.t = model, tokenizer, cfg, cfg.trainer
+        self.plain_config, self.run_dir, self.device = plain_config, run_dir, device
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.valid_pairs, self.logger = valid_pairs, logger
+        self.opt = build_optimizer(model, self.t)
+        self.sched = build_scheduler(self.opt, self.t)
+        self.progress = Progress()
+        self.amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}.get(self.t.amp, "?")
+        if self.amp_dtype == "?":
+            raise ConfigError(f"trainer.amp={self.t.amp!r} is unknown; choose none, bf16 or fp16")
+        if device.type != "cuda":
+            self.amp_dtype = None  # autocast is a CUDA speed path; CPU trains in float32
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+        valid_src = [s for s, _ in valid_pairs]
+        self.valid_src_ids = tokenizer.encode_src(valid_src)
+        self.valid_tgt_ids = tokenizer.encode_tgt([t for _, t in valid_pairs])
+        n_bleu = cfg.data.valid_max_sentences or len(valid_pairs)
+        self.bleu_src, self.bleu_ref = valid_src[:n_bleu], [t for _, t in valid_pairs[:n_bleu]]
+        self.translator = Translator(model, tokenizer, device, beam_size=self.t.val_beam_size,
+                                     max_tokens=4 * cfg.data.max_tokens)
+
+    # ---- checkpoints ----
+    def state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "progress": self.progress.__dict__,
+            "rng": rng_state(),
+            "tokenizer": self.tok.state_dict(),
+            "config": self.plain_config,
+        }
+
+    def save(self, name: str) -> Path:
+        path = self.ckpt_dir / name
+        checkpoint.save(path, self.state())
+        return path
+
+    def resume(self) -> bool:
+        """Load the newest loadable checkpoint of this run directory; False if there is none."""
+        candidates = [self.ckpt_dir / "last.pt"] + sorted(
+            self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]), reverse=True)
+        for path in candidates:
+            if not path.is_file():
+                continue
+            try:
+                ckpt = checkpoint.load(path, map_location=self.device)
+            except checkpoint.CheckpointError as e:
+                log.warning("cannot resume from %s; trying an older checkpoint", e)
+                continue
+            self.model.load_state_dict(ckpt["model"])
+            self.opt.load_state_dict(ckpt["optimizer"])
+            self.sched.load_state_dict(ckpt["scheduler"])
+            self.scaler.load_state_dict(ckpt["scaler"])
+            self.progress = Progress(**ckpt["progress"])
+            set_rng_state(ckpt["rng"])
+            log.info("resuming from %s: step %d, epoch %d, best BLEU %.2f", path, self.progress.step,
+                     self.progress.epoch, self.progress.best_bleu)
+            return True
+        log.warning("trainer.resume=true but %s holds no checkpoint: starting from step 0", self.ckpt_dir)
+        return False
+
+    def _keep_step_checkpoint(self) -> None:
+        if self.t.keep_last <= 0:
+            return
+        self.save(f"step_{self.progress.step}.pt")
+        old = sorted(self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+        for p in old[: -self.t.keep_last]:
+            p.unlink(missing_ok=True)
+
+    # ---- validation ----
+    @torch.no_grad()
+    def validate(self) -> dict:
+        self.model.eval()
+        loss_sum, n_tok = 0.0, 0
+        for _, b in eval_batches(self.valid_src_ids, self.valid_tgt_ids, self.cfg.data.max_tokens):
+            b = b.to(self.device)
+            with self._autocast():
+                logits, _ = self.model(b.src, b.src_len, b.tgt_in)
+            loss_sum += float(nll_loss(logits, b.tgt_out))
+            n_tok += b.n_tgt_tokens
+        hyps = [tr.text for tr in self.translator.translate(self.bleu_src)]
+        self.model.train()
+        loss = loss_sum / max(1, n_tok)
+        bleu = sacrebleu.corpus_bleu(hyps, [self.bleu_ref])
+        chrf = sacrebleu.corpus_chrf(hyps, [self.bleu_ref])
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": bleu.score, "chrf": chrf.score,
+                "example": hyps[0] if hyps else ""}
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cuda", dtype=self.amp_dtype)
+
+    # ---- the loop ----
+    def train_step(self, b: Batch) -> torch.Tensor:
+        with self._autocast():
+            logits, _ = self.model(b.src, b.src_len, b.tgt_in, self.t.teacher_forcing)
+            loss_sum = nll_loss(logits, b.tgt_out, self.t.label_smoothing)
+        self.scaler.scale(loss_sum / b.n_tgt_tokens).backward()
+        if self.t.clip_grad > 0:
+            self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.clip_grad)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.opt.zero_grad(set_to_none=True)
+        if not isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.sched.step()
+        return loss_sum.detach()
+
+    def _done(self, p: Progress, started: float) -> str | None:
+        t = self.t
+        if t.max_steps and p.step >= t.max_steps:
+            return f"reached trainer.max_steps={t.max_steps}"
+        if t.max_minutes and p.elapsed_s + time.monotonic() - started >= 60 * t.max_minutes:
+            return f"reached trainer.max_minutes={t.max_minutes}"
+        if t.patience and p.bad_validations >= t.patience:
+            return f"no BLEU gain in {t.patience} validations (trainer.patience)"
+        return None
+
+    def fit(self, batches: Iterator[Batch]) -> dict:
+        """Train until a limit, early stopping or a signal; validate and save at the end."""
+        p, t = self.progress, self.t
+        self.model.train()
+        started = time.monotonic()
+        elapsed_at_start = p.elapsed_s
+        window_start, window_tokens, window_src_tokens = time.monotonic(), 0, 0
+        window_valid_s = 0.0
+        loss_acc = torch.zeros((), device=self.device)
+        loss_tokens = 0
+        reason = self._done(p, started)
+        bar = tqdm(total=t.max_steps or None, initial=p.step, unit="step", dynamic_ncols=True,
+                   mininterval=2.0, disable=None, file=sys.stderr)
+        last: dict = {}
+        with StopSignal() as stop:
+            while reason is None:
+                b = next(batches)
+                if t.max_epochs and b.epoch >= t.max_epochs:
+                    reason = f"reached trainer.max_epochs={t.max_epochs}"
+                    break
+                loss_acc += self.train_step(b.to(self.device))
+                loss_tokens += b.n_tgt_tokens
+                window_tokens += b.n_tgt_tokens
+                window_src_tokens += int(b.src_len.sum())
+                p.step, p.epoch, p.batch_index = p.step + 1, b.epoch, b.index
+                p.elapsed_s = elapsed_at_start + time.monotonic() - started
+                bar.update(1)
+                if p.step % t.log_every == 0:
+                    train_loss = float(loss_acc) / max(1, loss_tokens)  # the only sync: every log_every steps
+                    secs = max(1e-9, time.monotonic() - window_start - window_valid_s)
+                    bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{window_tokens / secs:,.0f}",
+                                    lr=f"{self.opt.param_groups[0]['lr']:.2e}", refresh=False)
+                    log.info("step %d  epoch %d  train loss %.4f  %.0f tgt tok/s  lr %.2e", p.step, p.epoch,
+                             train_loss, window_tokens / secs, self.opt.param_groups[0]["lr"])
+                if stop.signum is not None:
+                    break
+                reason = self._done(p, started)
+                if reason is None and p.step % t.valid_every == 0:
+                    v0 = time.monotonic()
+                    last = self._validate_and_save(loss_acc, loss_tokens, window_start, window_tokens,
+                                                   window_src_tokens, window_valid_s)
+                    loss_acc.zero_()
+                    loss_tokens, window_tokens, window_src_tokens = 0, 0, 0
+                    window_start, window_valid_s = v0, time.monotonic() - v0
+                    reason = self._done(p, started)
+            bar.close()
+            if stop.signum is not None:
+                path = self.save("last.pt")
+                log.warning("interrupted at step %d: saved %s; continue with trainer.resume=true", p.step, path)
+                self.logger.finish()
+                raise SystemExit(128 + stop.signum)
+        log.info("stopping: %s", reason)
+        if p.step > 0 and (not p.history or p.history[-1]["step"] != p.step):
+            last = self._validate_and_save(loss_acc, loss_tokens, window_start, window_tokens,
+                                           window_src_tokens, window_valid_s)
+        return last or (p.history[-1] if p.history else {})
+
+    def _validate_and_save(self, loss_acc: torch.Tensor, loss_tokens: int, window_start: float,
+                           window_tokens: int, window_src_tokens: int, window_valid_s: float) -> dict:
+        p = self.progress
+        secs = max(1e-9, time.monotonic() - window_start - window_valid_s)
+        v = self.validate()
+        record = {
+            "step": p.step, "epoch": p.epoch, "loss": v["loss"], "ppl": v["ppl"], "bleu": v["bleu"],
+            "chrf": v["chrf"], "train_loss": float(loss_acc) / max(1, loss_tokens),
+            "lr": self.opt.param_groups[0]["lr"], "tgt_tokens_per_s": window_tokens / secs,
+            "src_tgt_tokens_per_s": (window_tokens + window_src_tokens) / secs,
+            "elapsed_s": p.elapsed_s,
+        }
+        improved = v["bleu"] > p.best_bleu
+        if improved:
+            p.best_bleu, p.bad_validations = v["bleu"], 0
+        else:
+            p.bad_validations += 1
+        if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.sched.step(v["bleu"])
+        p.history.append(record)
+        self.logger.log(record, step=p.step)
+        log.info("validation at step %d: loss %.4f  ppl %.2f  BLEU %.2f  chrF %.2f%s | %s", p.step,
+                 v["loss"], v["ppl"], v["bleu"], v["chrf"], "  (best)" if improved else "", v["example"])
+        self.save("last.pt")
+        if improved:
+            self.save("best.pt")
+        self._keep_step_checkpoint()
+        return record
