@@ -55,15 +55,23 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
         # weights_only=False: the payload holds plain Python containers, RNG byte tensors and the
         # config dict; only load checkpoints you trust, as with any pickle-based format.
         ckpt = torch.load(path, map_location=map_location, weights_only=False)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
-            UnicodeDecodeError, OSError) as e:
+    except (
+        RuntimeError,
+        EOFError,
+        pickle.UnpicklingError,
+        zipfile.BadZipFile,
+        ValueError,
+        UnicodeDecodeError,
+        OSError,
+    ) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}") from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an nmt checkpoint (no '{FORMAT}' format marker)")
     if ckpt.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {ckpt.get('version')}, "
-                              f"this nmt reads version {VERSION}")
+        raise CheckpointError(
+            f"{path}: checkpoint format version {ckpt.get('version')}, this nmt reads version {VERSION}"
+        )
     missing = [k for k in REQUIRED if k not in ckpt]
     if missing:
         raise CheckpointError(f"{path}: checkpoint lacks {', '.join(missing)}")

@@ -45,12 +45,19 @@ class RunLogger:
         if mode != "disabled":
             import wandb  # lazy: optional at run time
 
-            self.run = wandb.init(project=wandb_cfg.project, entity=wandb_cfg.entity,
-                                  name=wandb_cfg.name or run_dir.name, dir=str(run_dir), config=config,
-                                  mode=mode, resume="allow" if resume else None,
-                                  id=self._run_id(run_dir, resume))
-            log.info("wandb: logging %s (mode=%s)", "online" if mode == "online" else "to " +
-                     str(run_dir / "wandb"), mode)
+            self.run = wandb.init(
+                project=wandb_cfg.project,
+                entity=wandb_cfg.entity,
+                name=wandb_cfg.name or run_dir.name,
+                dir=str(run_dir),
+                config=config,
+                mode=mode,
+                resume="allow" if resume else None,
+                id=self._run_id(run_dir, resume),
+            )
+            log.info(
+                "wandb: logging %s (mode=%s)", "online" if mode == "online" else "to " + str(run_dir / "wandb"), mode
+            )
 
     @staticmethod
     def _run_id(run_dir: Path, resume: bool) -> str | None:

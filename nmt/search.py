@@ -34,8 +34,9 @@ def max_lengths(src_len: torch.Tensor, ratio: float, cap: int = 0) -> torch.Tens
 
 
 @torch.no_grad()
-def greedy(model: Seq2Seq, src: torch.Tensor, src_len: torch.Tensor, max_len: torch.Tensor,
-           return_attention: bool = False) -> list[Hypothesis]:
+def greedy(
+    model: Seq2Seq, src: torch.Tensor, src_len: torch.Tensor, max_len: torch.Tensor, return_attention: bool = False
+) -> list[Hypothesis]:
     """Argmax decoding; max_len [B] per-sentence limits (see ``max_lengths``)."""
     B = src.size(0)
     state = model.start(src, src_len)
@@ -68,9 +69,15 @@ def greedy(model: Seq2Seq, src: torch.Tensor, src_len: torch.Tensor, max_len: to
 
 
 @torch.no_grad()
-def beam_search(model: Seq2Seq, src: torch.Tensor, src_len: torch.Tensor, max_len: torch.Tensor,
-                beam_size: int = 5, alpha: float = 1.0, return_attention: bool = False
-                ) -> list[Hypothesis]:
+def beam_search(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_len: torch.Tensor,
+    max_len: torch.Tensor,
+    beam_size: int = 5,
+    alpha: float = 1.0,
+    return_attention: bool = False,
+) -> list[Hypothesis]:
     """Beam search over all sentences × beams at once; the best hypothesis per sentence.
 
     Finished beams stay in the beam with their score frozen (they extend only with PAD at

@@ -59,24 +59,43 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     prepare_corpus(cfg.data)
     specs = build_specs(cfg.data)
     tokenizer = build_tokenizer(cfg.tokenizer, specs["train"])
-    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tokenizer.src_vocab_size,
-                        tokenizer.tgt_vocab_size).to(device)
-    log.info("model: %s encoder, %s attention, %s-order decoder, %s parameters, device %s",
-             cfg.encoder.cell, cfg.attention.name, cfg.decoder.order, f"{count_parameters(model):,}", device)
+    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(
+        device
+    )
+    log.info(
+        "model: %s encoder, %s attention, %s-order decoder, %s parameters, device %s",
+        cfg.encoder.cell,
+        cfg.attention.name,
+        cfg.decoder.order,
+        f"{count_parameters(model):,}",
+        device,
+    )
     valid = load_pairs(specs["valid"])
     logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume)
     trainer = Trainer(model, tokenizer, cfg, plain, run_dir, device, valid, logger)
     if cfg.trainer.resume:
         trainer.resume()
     p = trainer.progress
-    stream = BatchStream(specs["train"], tokenizer.state_dict(), cfg.data.max_len, cfg.data.max_tokens,
-                         cfg.data.bucket_size, cfg.data.shuffle_buffer, cfg.seed, start_epoch=p.epoch,
-                         skip_batches=p.batch_index + 1)
+    stream = BatchStream(
+        specs["train"],
+        tokenizer.state_dict(),
+        cfg.data.max_len,
+        cfg.data.max_tokens,
+        cfg.data.bucket_size,
+        cfg.data.shuffle_buffer,
+        cfg.seed,
+        start_epoch=p.epoch,
+        skip_batches=p.batch_index + 1,
+    )
     workers = cfg.data.num_workers
-    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
-                                         pin_memory=device.type == "cuda",
-                                         prefetch_factor=8 if workers else None,
-                                         persistent_workers=False)
+    loader = torch.utils.data.DataLoader(
+        stream,
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=8 if workers else None,
+        persistent_workers=False,
+    )
     try:
         result = trainer.fit(iter(loader))
     finally:

@@ -57,8 +57,9 @@ def build_optimizer(model: torch.nn.Module, t: Any) -> torch.optim.Optimizer:
 def build_scheduler(opt: torch.optim.Optimizer, t: Any):
     """Per-step LambdaLR for constant/warmup_decay; ReduceLROnPlateau on valid BLEU for plateau."""
     if t.scheduler == "plateau":
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=t.plateau_factor,
-                                                          patience=t.plateau_patience, min_lr=t.min_lr)
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(
+            opt, mode="max", factor=t.plateau_factor, patience=t.plateau_patience, min_lr=t.min_lr
+        )
     if t.scheduler == "constant":
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     if t.scheduler == "warmup_decay":
@@ -97,8 +98,7 @@ class StopSignal:
         if self.signum is not None:  # second signal: give up at once
             raise KeyboardInterrupt
         self.signum = signum
-        log.warning("received %s: saving a checkpoint after this step, then exiting",
-                    signal.Signals(signum).name)
+        log.warning("received %s: saving a checkpoint after this step, then exiting", signal.Signals(signum).name)
 
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
@@ -106,8 +106,17 @@ class StopSignal:
 
 
 class Trainer:
-    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, cfg: Any, plain_config: dict, run_dir: Path,
-                 device: torch.device, valid_pairs: list[tuple[str, str]], logger: RunLogger):
+    def __init__(
+        self,
+        model: Seq2Seq,
+        tokenizer: Tokenizer,
+        cfg: Any,
+        plain_config: dict,
+        run_dir: Path,
+        device: torch.device,
+        valid_pairs: list[tuple[str, str]],
+        logger: RunLogger,
+    ):
         self.model, self.tok, self.cfg, self.t = model, tokenizer, cfg, cfg.trainer
         self.plain_config, self.run_dir, self.device = plain_config, run_dir, device
         self.ckpt_dir = run_dir / "checkpoints"
@@ -126,8 +135,9 @@ class Trainer:
         self.valid_tgt_ids = tokenizer.encode_tgt([t for _, t in valid_pairs])
         n_bleu = cfg.data.valid_max_sentences or len(valid_pairs)
         self.bleu_src, self.bleu_ref = valid_src[:n_bleu], [t for _, t in valid_pairs[:n_bleu]]
-        self.translator = Translator(model, tokenizer, device, beam_size=self.t.val_beam_size,
-                                     max_tokens=4 * cfg.data.max_tokens)
+        self.translator = Translator(
+            model, tokenizer, device, beam_size=self.t.val_beam_size, max_tokens=4 * cfg.data.max_tokens
+        )
 
     # ---- checkpoints ----
     def state(self) -> dict:
@@ -150,7 +160,8 @@ class Trainer:
     def resume(self) -> bool:
         """Load the newest loadable checkpoint of this run directory; False if there is none."""
         candidates = [self.ckpt_dir / "last.pt"] + sorted(
-            self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]), reverse=True)
+            self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]), reverse=True
+        )
         for path in candidates:
             if not path.is_file():
                 continue
@@ -165,8 +176,13 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
             self.progress = Progress(**ckpt["progress"])
             set_rng_state(ckpt["rng"])
-            log.info("resuming from %s: step %d, epoch %d, best BLEU %.2f", path, self.progress.step,
-                     self.progress.epoch, self.progress.best_bleu)
+            log.info(
+                "resuming from %s: step %d, epoch %d, best BLEU %.2f",
+                path,
+                self.progress.step,
+                self.progress.epoch,
+                self.progress.best_bleu,
+            )
             return True
         log.warning("trainer.resume=true but %s holds no checkpoint: starting from step 0", self.ckpt_dir)
         return False
@@ -195,8 +211,13 @@ class Trainer:
         loss = loss_sum / max(1, n_tok)
         bleu = sacrebleu.corpus_bleu(hyps, [self.bleu_ref])
         chrf = sacrebleu.corpus_chrf(hyps, [self.bleu_ref])
-        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": bleu.score, "chrf": chrf.score,
-                "example": hyps[0] if hyps else ""}
+        return {
+            "loss": loss,
+            "ppl": math.exp(min(loss, 50.0)),
+            "bleu": bleu.score,
+            "chrf": chrf.score,
+            "example": hyps[0] if hyps else "",
+        }
 
     def _autocast(self):
         if self.amp_dtype is None:
@@ -240,8 +261,15 @@ class Trainer:
         loss_acc = torch.zeros((), device=self.device)
         loss_tokens = 0
         reason = self._done(p, started)
-        bar = tqdm(total=t.max_steps or None, initial=p.step, unit="step", dynamic_ncols=True,
-                   mininterval=2.0, disable=None, file=sys.stderr)
+        bar = tqdm(
+            total=t.max_steps or None,
+            initial=p.step,
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=2.0,
+            disable=None,
+            file=sys.stderr,
+        )
         last: dict = {}
         with StopSignal() as stop:
             while reason is None:
@@ -259,17 +287,28 @@ class Trainer:
                 if p.step % t.log_every == 0:
                     train_loss = float(loss_acc) / max(1, loss_tokens)  # the only sync: every log_every steps
                     secs = max(1e-9, time.monotonic() - window_start - window_valid_s)
-                    bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{window_tokens / secs:,.0f}",
-                                    lr=f"{self.opt.param_groups[0]['lr']:.2e}", refresh=False)
-                    log.info("step %d  epoch %d  train loss %.4f  %.0f tgt tok/s  lr %.2e", p.step, p.epoch,
-                             train_loss, window_tokens / secs, self.opt.param_groups[0]["lr"])
+                    bar.set_postfix(
+                        loss=f"{train_loss:.3f}",
+                        tok_s=f"{window_tokens / secs:,.0f}",
+                        lr=f"{self.opt.param_groups[0]['lr']:.2e}",
+                        refresh=False,
+                    )
+                    log.info(
+                        "step %d  epoch %d  train loss %.4f  %.0f tgt tok/s  lr %.2e",
+                        p.step,
+                        p.epoch,
+                        train_loss,
+                        window_tokens / secs,
+                        self.opt.param_groups[0]["lr"],
+                    )
                 if stop.signum is not None:
                     break
                 reason = self._done(p, started)
                 if reason is None and p.step % t.valid_every == 0:
                     v0 = time.monotonic()
-                    last = self._validate_and_save(loss_acc, loss_tokens, window_start, window_tokens,
-                                                   window_src_tokens, window_valid_s)
+                    last = self._validate_and_save(
+                        loss_acc, loss_tokens, window_start, window_tokens, window_src_tokens, window_valid_s
+                    )
                     loss_acc.zero_()
                     loss_tokens, window_tokens, window_src_tokens = 0, 0, 0
                     window_start, window_valid_s = v0, time.monotonic() - v0
@@ -282,19 +321,33 @@ class Trainer:
                 raise SystemExit(128 + stop.signum)
         log.info("stopping: %s", reason)
         if p.step > 0 and (not p.history or p.history[-1]["step"] != p.step):
-            last = self._validate_and_save(loss_acc, loss_tokens, window_start, window_tokens,
-                                           window_src_tokens, window_valid_s)
+            last = self._validate_and_save(
+                loss_acc, loss_tokens, window_start, window_tokens, window_src_tokens, window_valid_s
+            )
         return last or (p.history[-1] if p.history else {})
 
-    def _validate_and_save(self, loss_acc: torch.Tensor, loss_tokens: int, window_start: float,
-                           window_tokens: int, window_src_tokens: int, window_valid_s: float) -> dict:
+    def _validate_and_save(
+        self,
+        loss_acc: torch.Tensor,
+        loss_tokens: int,
+        window_start: float,
+        window_tokens: int,
+        window_src_tokens: int,
+        window_valid_s: float,
+    ) -> dict:
         p = self.progress
         secs = max(1e-9, time.monotonic() - window_start - window_valid_s)
         v = self.validate()
         record = {
-            "step": p.step, "epoch": p.epoch, "loss": v["loss"], "ppl": v["ppl"], "bleu": v["bleu"],
-            "chrf": v["chrf"], "train_loss": float(loss_acc) / max(1, loss_tokens),
-            "lr": self.opt.param_groups[0]["lr"], "tgt_tokens_per_s": window_tokens / secs,
+            "step": p.step,
+            "epoch": p.epoch,
+            "loss": v["loss"],
+            "ppl": v["ppl"],
+            "bleu": v["bleu"],
+            "chrf": v["chrf"],
+            "train_loss": float(loss_acc) / max(1, loss_tokens),
+            "lr": self.opt.param_groups[0]["lr"],
+            "tgt_tokens_per_s": window_tokens / secs,
             "src_tgt_tokens_per_s": (window_tokens + window_src_tokens) / secs,
             "elapsed_s": p.elapsed_s,
         }
@@ -307,8 +360,16 @@ class Trainer:
             self.sched.step(v["bleu"])
         p.history.append(record)
         self.logger.log(record, step=p.step)
-        log.info("validation at step %d: loss %.4f  ppl %.2f  BLEU %.2f  chrF %.2f%s | %s", p.step,
-                 v["loss"], v["ppl"], v["bleu"], v["chrf"], "  (best)" if improved else "", v["example"])
+        log.info(
+            "validation at step %d: loss %.4f  ppl %.2f  BLEU %.2f  chrF %.2f%s | %s",
+            p.step,
+            v["loss"],
+            v["ppl"],
+            v["bleu"],
+            v["chrf"],
+            "  (best)" if improved else "",
+            v["example"],
+        )
         self.save("last.pt")
         if improved:
             self.save("best.pt")

@@ -76,12 +76,21 @@ def main(cfg: DictConfig) -> None:
             torch.set_num_threads(cfg.threads)
         if cfg.input and not Path(cfg.input).is_file():
             raise NmtError(f"{cfg.input}: input file not found")
-        tr = load_translator(cfg.checkpoint, device, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty,
-                             max_len_ratio=cfg.max_len_ratio, max_input_len=cfg.max_input_len)
+        tr = load_translator(
+            cfg.checkpoint,
+            device,
+            beam_size=cfg.beam_size,
+            length_penalty=cfg.length_penalty,
+            max_len_ratio=cfg.max_len_ratio,
+            max_input_len=cfg.max_input_len,
+        )
         with contextlib.ExitStack() as stack:
             # errors="replace": a stray non-UTF-8 byte costs one character, not the run.
-            src = (stack.enter_context(open(cfg.input, encoding="utf-8", errors="replace")) if cfg.input
-                   else io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+            src = (
+                stack.enter_context(open(cfg.input, encoding="utf-8", errors="replace"))
+                if cfg.input
+                else io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+            )
             out = stack.enter_context(open(cfg.output, "w", encoding="utf-8")) if cfg.output else sys.stdout
             n = translate_stream(tr, read_lines(src), out, cfg.batch_size, interactive=cfg.input is None)
         log.info("translated %d lines%s", n, f" into {cfg.output}" if cfg.output else "")

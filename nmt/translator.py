@@ -28,9 +28,17 @@ class Translation:
 
 
 class Translator:
-    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, device: torch.device, beam_size: int = 5,
-                 length_penalty: float = 1.0, max_len_ratio: float = 2.0, max_tokens: int = 4000,
-                 max_input_len: int = 256):
+    def __init__(
+        self,
+        model: Seq2Seq,
+        tokenizer: Tokenizer,
+        device: torch.device,
+        beam_size: int = 5,
+        length_penalty: float = 1.0,
+        max_len_ratio: float = 2.0,
+        max_tokens: int = 4000,
+        max_input_len: int = 256,
+    ):
         self.model, self.tok, self.device = model, tokenizer, device
         self.beam_size, self.alpha, self.max_len_ratio = beam_size, length_penalty, max_len_ratio
         self.max_tokens, self.max_input_len = max_tokens, max_input_len
@@ -51,12 +59,12 @@ class Translator:
         for group, batch in eval_batches([ids[i] for i in keep], None, self.max_tokens):
             b = batch.to(self.device)
             lim = max_lengths(b.src_len, self.max_len_ratio)
-            hyps = beam_search(self.model, b.src, b.src_len, lim, self.beam_size, self.alpha,
-                               return_attention)
+            hyps = beam_search(self.model, b.src, b.src_len, lim, self.beam_size, self.alpha, return_attention)
             texts_out = self.tok.decode_tgt([h.tokens for h in hyps])
             for j, h, out in zip(group, hyps, texts_out):
                 i = keep[j]
-                results[i] = Translation(out, h, self.tok.src.id_to_piece(ids[i]) + ["</s>"],
-                                         self.tok.tgt_pieces(h.tokens) + ["</s>"])
+                results[i] = Translation(
+                    out, h, self.tok.src.id_to_piece(ids[i]) + ["</s>"], self.tok.tgt_pieces(h.tokens) + ["</s>"]
+                )
         self.model.train(was_training)
         return [r if r is not None else Translation("", empty, [], []) for r in results]

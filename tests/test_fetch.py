@@ -140,9 +140,7 @@ def test_split_keeps_groups_adjacent_in_valid() -> None:
     assert valid[0] == valid[1] == valid[2] and valid[3] == valid[4] == valid[5]
 
 
-def test_fetch_downloads_and_splits(
-    zip_bytes: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fetch_downloads_and_splits(zip_bytes: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     requested: list[str] = []
 
     def fake_urlopen(request: urllib.request.Request, timeout: float) -> io.BytesIO:

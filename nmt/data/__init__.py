@@ -31,13 +31,17 @@ def prepare_corpus(data: Any) -> None:
         try:
             ensure_spa_eng(d)
         except (OSError, RuntimeError) as e:
-            raise CorpusError(f"{d}: no corpus and fetching failed ({e}); run "
-                              f"`python -m nmt.data.fetch --from DIR --dest {d}` or set data.dir=DIR") from e
+            raise CorpusError(
+                f"{d}: no corpus and fetching failed ({e}); run "
+                f"`python -m nmt.data.fetch --from DIR --dest {d}` or set data.dir=DIR"
+            ) from e
         if corpus_ready(d):
             return
     missing = next(f for f in files if not f.is_file())
-    raise CorpusError(f"{missing}: corpus file not found (data.dir={data.dir}); put train/valid/test TSV "
-                      f"files there or run `python -m nmt.data.fetch --dest {d}`")
+    raise CorpusError(
+        f"{missing}: corpus file not found (data.dir={data.dir}); put train/valid/test TSV "
+        f"files there or run `python -m nmt.data.fetch --dest {d}`"
+    )
 
 
 def build_specs(data: Any) -> dict[str, CorpusSpec]:
@@ -47,8 +51,10 @@ def build_specs(data: Any) -> dict[str, CorpusSpec]:
         if not data.hub_path:
             raise ConfigError("data.source=hub needs data.hub_path (e.g. Helsinki-NLP/opus-100)")
         splits = {"train": data.train_split, "valid": data.valid_split, "test": data.test_split}
-        return {k: CorpusSpec(path=data.hub_path, hub_path=data.hub_path, hub_name=data.hub_name, split=v,
-                              **common) for k, v in splits.items()}
+        return {
+            k: CorpusSpec(path=data.hub_path, hub_path=data.hub_path, hub_name=data.hub_name, split=v, **common)
+            for k, v in splits.items()
+        }
     if data.source != "tsv":
         raise ConfigError(f"data.source={data.source!r} is unknown; choose tsv or hub")
     return {s: CorpusSpec(path=str(Path(data.dir) / getattr(data, s)), **common) for s in SPLITS}
@@ -56,11 +62,22 @@ def build_specs(data: Any) -> dict[str, CorpusSpec]:
 
 def build_tokenizer(tok: Any, train: CorpusSpec) -> Tokenizer:
     """Train sentencepiece on (a sample of) the training stream, or reuse the cached model."""
-    corpus_id = (f"hub:{train.hub_path}:{train.hub_name}:{train.split}" if train.hub_path
-                 else f"tsv:{file_fingerprint(train.path)}")
+    corpus_id = (
+        f"hub:{train.hub_path}:{train.hub_name}:{train.split}"
+        if train.hub_path
+        else f"tsv:{file_fingerprint(train.path)}"
+    )
     corpus_id += f":{train.src_lang}-{train.tgt_lang}"
-    return train_or_load(stream_pairs(train), corpus_id, tok.cache_dir, tok.model_type, tok.vocab_size,
-                         tok.joint, tok.sample_size, tok.character_coverage)
+    return train_or_load(
+        stream_pairs(train),
+        corpus_id,
+        tok.cache_dir,
+        tok.model_type,
+        tok.vocab_size,
+        tok.joint,
+        tok.sample_size,
+        tok.character_coverage,
+    )
 
 
 __all__ = ["CorpusError", "CorpusSpec", "Tokenizer", "build_specs", "build_tokenizer", "prepare_corpus"]

@@ -34,13 +34,26 @@ class Batch:
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
-        return Batch(self.src.to(device, non_blocking=nb), self.src_len,
-                     self.tgt_in.to(device, non_blocking=nb), self.tgt_out.to(device, non_blocking=nb),
-                     self.n_tgt_tokens, self.epoch, self.index)
+        return Batch(
+            self.src.to(device, non_blocking=nb),
+            self.src_len,
+            self.tgt_in.to(device, non_blocking=nb),
+            self.tgt_out.to(device, non_blocking=nb),
+            self.n_tgt_tokens,
+            self.epoch,
+            self.index,
+        )
 
     def pin_memory(self) -> Batch:
-        return Batch(self.src.pin_memory(), self.src_len, self.tgt_in.pin_memory(),
-                     self.tgt_out.pin_memory(), self.n_tgt_tokens, self.epoch, self.index)
+        return Batch(
+            self.src.pin_memory(),
+            self.src_len,
+            self.tgt_in.pin_memory(),
+            self.tgt_out.pin_memory(),
+            self.n_tgt_tokens,
+            self.epoch,
+            self.index,
+        )
 
 
 def pad(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -89,9 +102,18 @@ class BatchStream(IterableDataset):
     ``skip_batches`` of ``start_epoch`` are dropped.
     """
 
-    def __init__(self, spec: CorpusSpec, tokenizer_state: dict, max_len: int, max_tokens: int,
-                 bucket_size: int, shuffle_buffer: int, seed: int, start_epoch: int = 0,
-                 skip_batches: int = 0):
+    def __init__(
+        self,
+        spec: CorpusSpec,
+        tokenizer_state: dict,
+        max_len: int,
+        max_tokens: int,
+        bucket_size: int,
+        shuffle_buffer: int,
+        seed: int,
+        start_epoch: int = 0,
+        skip_batches: int = 0,
+    ):
         super().__init__()
         self.spec, self.tokenizer_state = spec, tokenizer_state
         self.max_len, self.max_tokens = max_len, max_tokens
@@ -129,8 +151,9 @@ class BatchStream(IterableDataset):
             srcs = tok.encode_src([r["src"] for r in bucket])
             tgts = tok.encode_tgt([r["tgt"] for r in bucket])
             total += len(bucket)
-            keep = [i for i in range(len(bucket))
-                    if 0 < len(srcs[i]) < self.max_len and 0 < len(tgts[i]) < self.max_len]
+            keep = [
+                i for i in range(len(bucket)) if 0 < len(srcs[i]) < self.max_len and 0 < len(tgts[i]) < self.max_len
+            ]
             too_long += len(bucket) - len(keep)
             lengths = {i: max(len(srcs[i]), len(tgts[i])) + 1 for i in keep}
             # Sort by padded length, then target length, random tie-break: both sides pack tightly.
@@ -142,12 +165,18 @@ class BatchStream(IterableDataset):
                 yield collate([srcs[i] for i in g], [tgts[i] for i in g], epoch, index)
                 index += 1
         if epoch == self.start_epoch and too_long:
-            log.info("epoch %d: left out %d of %d pairs longer than data.max_len=%d pieces",
-                     epoch, too_long, total, self.max_len)
+            log.info(
+                "epoch %d: left out %d of %d pairs longer than data.max_len=%d pieces",
+                epoch,
+                too_long,
+                total,
+                self.max_len,
+            )
 
 
-def eval_batches(src_ids: list[list[int]], tgt_ids: list[list[int]] | None, max_tokens: int
-                 ) -> Iterator[tuple[list[int], Batch]]:
+def eval_batches(
+    src_ids: list[list[int]], tgt_ids: list[list[int]] | None, max_tokens: int
+) -> Iterator[tuple[list[int], Batch]]:
     """Length-sorted batches over an in-memory set; yields (original indices, batch).
 
     Sources longer than the budget still get a batch of their own, so nothing is dropped.

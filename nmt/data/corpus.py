@@ -94,8 +94,13 @@ def read_tsv(path: str, strict: bool = False) -> Iterator[dict]:
             yield {"src": parsed[0], "tgt": parsed[1]}
     if problems:
         detail = ", ".join(f"{k}: {v}" for k, v in problems.most_common())
-        log.warning("%s: skipped %d malformed lines of %d (%s)", path, sum(problems.values()),
-                    n_ok + sum(problems.values()), detail)
+        log.warning(
+            "%s: skipped %d malformed lines of %d (%s)",
+            path,
+            sum(problems.values()),
+            n_ok + sum(problems.values()),
+            detail,
+        )
     if n_ok == 0:
         raise CorpusError(f"{path}: no valid source<TAB>target line in the file")
 
@@ -120,9 +125,7 @@ def stream_pairs(spec: CorpusSpec) -> datasets.IterableDataset:
         return _hub_pairs(spec)
     if not Path(spec.path).is_file():  # fail here, in the main process, not inside a worker
         raise CorpusError(f"{spec.path}: corpus file not found")
-    return datasets.IterableDataset.from_generator(
-        read_tsv, gen_kwargs={"path": spec.path, "strict": spec.strict}
-    )
+    return datasets.IterableDataset.from_generator(read_tsv, gen_kwargs={"path": spec.path, "strict": spec.strict})
 
 
 def load_pairs(spec: CorpusSpec, limit: int = 0) -> list[tuple[str, str]]:

@@ -296,9 +296,7 @@ def fetch_spa_eng(
     if source is not None:
         source = Path(source)
         if not corpus_ready(source):
-            raise FileNotFoundError(
-                f"{source} does not hold non-empty {', '.join(f'{s}.tsv' for s in SPLITS)}"
-            )
+            raise FileNotFoundError(f"{source} does not hold non-empty {', '.join(f'{s}.tsv' for s in SPLITS)}")
         _copy_corpus(source, dest)
         return dest
 

@@ -79,8 +79,9 @@ def file_fingerprint(path: str) -> str:
     return h.hexdigest()
 
 
-def _train_one(lines: Iterable[str], prefix: Path, model_type: str, vocab_size: int,
-               character_coverage: float) -> bytes:
+def _train_one(
+    lines: Iterable[str], prefix: Path, model_type: str, vocab_size: int, character_coverage: float
+) -> bytes:
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", delete=False) as f:
         n = 0
         for line in lines:
@@ -94,7 +95,10 @@ def _train_one(lines: Iterable[str], prefix: Path, model_type: str, vocab_size: 
             model_type=model_type,
             vocab_size=vocab_size,
             character_coverage=character_coverage,
-            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+            pad_id=PAD,
+            unk_id=UNK,
+            bos_id=BOS,
+            eos_id=EOS,
             hard_vocab_limit=False,  # small corpora (tests, sample/) get a smaller vocabulary, not an error
             num_threads=os.cpu_count() or 1,
             minloglevel=2,
@@ -105,17 +109,29 @@ def _train_one(lines: Iterable[str], prefix: Path, model_type: str, vocab_size: 
     return prefix.with_suffix(".model").read_bytes()
 
 
-def train_or_load(pairs: Iterable[dict], corpus_id: str, cache_dir: str, model_type: str = "unigram",
-                  vocab_size: int = 8000, joint: bool = True, sample_size: int = 300000,
-                  character_coverage: float = 1.0) -> Tokenizer:
+def train_or_load(
+    pairs: Iterable[dict],
+    corpus_id: str,
+    cache_dir: str,
+    model_type: str = "unigram",
+    vocab_size: int = 8000,
+    joint: bool = True,
+    sample_size: int = 300000,
+    character_coverage: float = 1.0,
+) -> Tokenizer:
     """Return the cached tokenizer for this corpus + settings, training it on first use.
 
     ``pairs`` is only consumed on a cache miss, and at most ``sample_size`` pairs of it.
     """
     if model_type not in ("unigram", "bpe"):
         raise ConfigError(f"tokenizer.model_type: expected unigram or bpe, got {model_type!r}")
-    settings = dict(model_type=model_type, vocab_size=vocab_size, joint=joint, sample_size=sample_size,
-                    character_coverage=character_coverage)
+    settings = dict(
+        model_type=model_type,
+        vocab_size=vocab_size,
+        joint=joint,
+        sample_size=sample_size,
+        character_coverage=character_coverage,
+    )
     root = Path(os.path.expanduser(cache_dir)) / cache_key(corpus_id, settings)
     src_file, tgt_file = root / "src.model", root / "tgt.model"
     if src_file.is_file() and (joint or tgt_file.is_file()):
@@ -133,8 +149,7 @@ def train_or_load(pairs: Iterable[dict], corpus_id: str, cache_dir: str, model_t
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         if joint:
-            src_proto = _train_one(srcs + tgts, Path(tmp) / "joint", model_type, vocab_size,
-                                   character_coverage)
+            src_proto = _train_one(srcs + tgts, Path(tmp) / "joint", model_type, vocab_size, character_coverage)
             tgt_proto = None
         else:
             src_proto = _train_one(srcs, Path(tmp) / "src", model_type, vocab_size, character_coverage)

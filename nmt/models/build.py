@@ -13,8 +13,9 @@ from nmt.models.encoder import Encoder
 from nmt.models.seq2seq import Seq2Seq
 
 
-def build_model(encoder: Any, attention: Any, decoder: Any, src_vocab: int, tgt_vocab: int,
-                init_range: float = 0.1) -> Seq2Seq:
+def build_model(
+    encoder: Any, attention: Any, decoder: Any, src_vocab: int, tgt_vocab: int, init_range: float = 0.1
+) -> Seq2Seq:
     """Assemble the model from the ``encoder``/``attention``/``decoder`` config sections.
 
     Parameters start uniform in ±``init_range`` (OpenNMT-py's RNN default), which trains
@@ -23,12 +24,29 @@ def build_model(encoder: Any, attention: Any, decoder: Any, src_vocab: int, tgt_
     if decoder.order not in DECODERS:
         raise ConfigError(f"decoder.order={decoder.order!r} is unknown; choose one of {sorted(DECODERS)}")
     key_size = 2 * encoder.hidden_size
-    enc = Encoder(src_vocab, encoder.emb_size, encoder.hidden_size, encoder.layers, encoder.cell,
-                  encoder.dropout, decoder.hidden_size, decoder.layers, decoder.cell)
+    enc = Encoder(
+        src_vocab,
+        encoder.emb_size,
+        encoder.hidden_size,
+        encoder.layers,
+        encoder.cell,
+        encoder.dropout,
+        decoder.hidden_size,
+        decoder.layers,
+        decoder.cell,
+    )
     attn = build_attention(attention.name, decoder.hidden_size, key_size, attention.dim)
-    common = dict(vocab_size=tgt_vocab, emb_size=decoder.emb_size, hidden_size=decoder.hidden_size,
-                  layers=decoder.layers, cell=decoder.cell, dropout=decoder.dropout, attention=attn,
-                  key_size=key_size, tie_embeddings=decoder.tie_embeddings)
+    common = dict(
+        vocab_size=tgt_vocab,
+        emb_size=decoder.emb_size,
+        hidden_size=decoder.hidden_size,
+        layers=decoder.layers,
+        cell=decoder.cell,
+        dropout=decoder.dropout,
+        attention=attn,
+        key_size=key_size,
+        tie_embeddings=decoder.tie_embeddings,
+    )
     if decoder.order == "luong":
         dec = LuongDecoder(**common, input_feeding=decoder.input_feeding)
     else:

@@ -51,9 +51,20 @@ def top(hidden: RNNState) -> torch.Tensor:
 class Decoder(nn.Module):
     """Shared parts: embeddings, the stacked RNN, attention, output layer, the step cell."""
 
-    def __init__(self, vocab_size: int, emb_size: int, hidden_size: int, layers: int, cell: str,
-                 dropout: float, attention: Attention, key_size: int, extra_input: int, out_size: int,
-                 tie_embeddings: bool):
+    def __init__(
+        self,
+        vocab_size: int,
+        emb_size: int,
+        hidden_size: int,
+        layers: int,
+        cell: str,
+        dropout: float,
+        attention: Attention,
+        key_size: int,
+        extra_input: int,
+        out_size: int,
+        tie_embeddings: bool,
+    ):
         super().__init__()
         rnn = check_cell(cell, "decoder.cell")
         self.lstm = cell == "lstm"
@@ -61,14 +72,20 @@ class Decoder(nn.Module):
         self.key_size, self.out_size = key_size, out_size
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
         self.dropout = nn.Dropout(dropout)
-        self.rnn = rnn(emb_size + extra_input, hidden_size, num_layers=layers, batch_first=True,
-                       dropout=dropout if layers > 1 else 0.0)
+        self.rnn = rnn(
+            emb_size + extra_input,
+            hidden_size,
+            num_layers=layers,
+            batch_first=True,
+            dropout=dropout if layers > 1 else 0.0,
+        )
         self.attention = attention
         self.out = nn.Linear(out_size, vocab_size)
         if tie_embeddings:
             if out_size != emb_size:
-                raise ConfigError(f"decoder.tie_embeddings needs the output size {out_size} == "
-                                 f"decoder.emb_size {emb_size}")
+                raise ConfigError(
+                    f"decoder.tie_embeddings needs the output size {out_size} == decoder.emb_size {emb_size}"
+                )
             self.out.weight = self.embed.weight
 
     # ---- the recurrent cell, shared by every loop and by search ----
@@ -81,7 +98,7 @@ class Decoder(nn.Module):
 
     def extra_gates(self, x: torch.Tensor) -> torch.Tensor:
         """The other half of layer 0's input GEMM (context or fed vector): [B, X] → [B, G*H]."""
-        return F.linear(x, self._w("weight_ih", 0)[:, self.emb_size:])
+        return F.linear(x, self._w("weight_ih", 0)[:, self.emb_size :])
 
     def _cell(self, gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, layer: int):
         """One GRU/LSTM cell step from precomputed input gates gx [B, G*H] (PyTorch's equations)."""
@@ -98,7 +115,7 @@ class Decoder(nn.Module):
 
     def rnn_step(self, gx0: torch.Tensor, hidden: RNNState) -> RNNState:
         """Advance every layer one step; gx0 [B, G*H] are layer 0's input gates."""
-        hs, cs = (hidden if self.lstm else (hidden, None))
+        hs, cs = hidden if self.lstm else (hidden, None)
         new_h, new_c = [], []
         gx = gx0
         for layer in range(self.layers):
@@ -115,13 +132,13 @@ class Decoder(nn.Module):
     def init_state(self, enc: EncoderOutput) -> DecoderState:
         return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask))
 
-    def step(self, y_prev: torch.Tensor, state: DecoderState
-             ) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
+    def step(self, y_prev: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
         """y_prev [B] → (logits [B, V], new state, attention weights [B, S])."""
         raise NotImplementedError
 
-    def forward(self, tgt_in: torch.Tensor, enc: EncoderOutput, teacher_forcing: float = 1.0
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, tgt_in: torch.Tensor, enc: EncoderOutput, teacher_forcing: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced pass: tgt_in [B, T] → (logits [B, T, V], attention [B, T, S])."""
         if teacher_forcing < 1.0 and self.training:
             return self._sampled(tgt_in, enc, teacher_forcing)
@@ -149,11 +166,32 @@ class Decoder(nn.Module):
 class BahdanauDecoder(Decoder):
     """Attend with s_{t-1}, feed [e_t; c_t] to the RNN, read out tanh(W_o [s_t; c_t; e_t])."""
 
-    def __init__(self, vocab_size: int, emb_size: int, hidden_size: int, layers: int, cell: str,
-                 dropout: float, attention: Attention, key_size: int, tie_embeddings: bool):
+    def __init__(
+        self,
+        vocab_size: int,
+        emb_size: int,
+        hidden_size: int,
+        layers: int,
+        cell: str,
+        dropout: float,
+        attention: Attention,
+        key_size: int,
+        tie_embeddings: bool,
+    ):
         out_size = emb_size if tie_embeddings else hidden_size
-        super().__init__(vocab_size, emb_size, hidden_size, layers, cell, dropout, attention, key_size,
-                         extra_input=key_size, out_size=out_size, tie_embeddings=tie_embeddings)
+        super().__init__(
+            vocab_size,
+            emb_size,
+            hidden_size,
+            layers,
+            cell,
+            dropout,
+            attention,
+            key_size,
+            extra_input=key_size,
+            out_size=out_size,
+            tie_embeddings=tie_embeddings,
+        )
         self.readout = nn.Linear(hidden_size + key_size + emb_size, out_size)
 
     def _readout(self, h: torch.Tensor, ctx: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
@@ -187,13 +225,33 @@ class BahdanauDecoder(Decoder):
 class LuongDecoder(Decoder):
     """RNN first, then attend with h_t: h̃_t = tanh(W_c [c_t; h_t]); input feeding optional."""
 
-    def __init__(self, vocab_size: int, emb_size: int, hidden_size: int, layers: int, cell: str,
-                 dropout: float, attention: Attention, key_size: int, tie_embeddings: bool,
-                 input_feeding: bool):
+    def __init__(
+        self,
+        vocab_size: int,
+        emb_size: int,
+        hidden_size: int,
+        layers: int,
+        cell: str,
+        dropout: float,
+        attention: Attention,
+        key_size: int,
+        tie_embeddings: bool,
+        input_feeding: bool,
+    ):
         out_size = emb_size if tie_embeddings else hidden_size
-        super().__init__(vocab_size, emb_size, hidden_size, layers, cell, dropout, attention, key_size,
-                         extra_input=out_size if input_feeding else 0, out_size=out_size,
-                         tie_embeddings=tie_embeddings)
+        super().__init__(
+            vocab_size,
+            emb_size,
+            hidden_size,
+            layers,
+            cell,
+            dropout,
+            attention,
+            key_size,
+            extra_input=out_size if input_feeding else 0,
+            out_size=out_size,
+            tie_embeddings=tie_embeddings,
+        )
         self.input_feeding = input_feeding
         self.combine = nn.Linear(key_size + hidden_size, out_size, bias=False)
 

@@ -57,15 +57,31 @@ class Bridge(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, vocab_size: int, emb_size: int, hidden_size: int, layers: int, cell: str,
-                 dropout: float, dec_size: int, dec_layers: int, dec_cell: str):
+    def __init__(
+        self,
+        vocab_size: int,
+        emb_size: int,
+        hidden_size: int,
+        layers: int,
+        cell: str,
+        dropout: float,
+        dec_size: int,
+        dec_layers: int,
+        dec_cell: str,
+    ):
         super().__init__()
         rnn = check_cell(cell, "encoder.cell")
         self.lstm = cell == "lstm"
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
         self.dropout = nn.Dropout(dropout)
-        self.rnn = rnn(emb_size, hidden_size, num_layers=layers, batch_first=True, bidirectional=True,
-                       dropout=dropout if layers > 1 else 0.0)
+        self.rnn = rnn(
+            emb_size,
+            hidden_size,
+            num_layers=layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=dropout if layers > 1 else 0.0,
+        )
         # An LSTM decoder needs a cell state: a GRU encoder's h serves as the source for both.
         self.dec_lstm = dec_cell == "lstm"
         self.bridge = Bridge(hidden_size, dec_size, dec_layers, self.dec_lstm)

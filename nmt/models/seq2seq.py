@@ -19,8 +19,9 @@ class Seq2Seq(nn.Module):
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> EncoderOutput:
         return self.encoder(src, src_len)
 
-    def forward(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor,
-                teacher_forcing: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, teacher_forcing: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """→ (logits [B, T, V], attention weights [B, T, S])."""
         return self.decoder(tgt_in, self.encode(src, src_len), teacher_forcing)
 
@@ -35,5 +36,10 @@ def nll_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float 
     Summed, not averaged, so the caller divides by the token count it already knows on the
     host (no device sync) and gradient accumulation weighs every token equally.
     """
-    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=PAD,
-                           label_smoothing=label_smoothing, reduction="sum")
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(),
+        target.flatten(),
+        ignore_index=PAD,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )

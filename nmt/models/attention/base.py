@@ -22,8 +22,9 @@ class AttentionState:
 
     def index_select(self, idx: torch.Tensor) -> AttentionState:
         """Reorder/expand along the batch (beam search)."""
-        return AttentionState(self.keys.index_select(0, idx), self.proj.index_select(0, idx),
-                              self.mask.index_select(0, idx))
+        return AttentionState(
+            self.keys.index_select(0, idx), self.proj.index_select(0, idx), self.mask.index_select(0, idx)
+        )
 
 
 class Attention(nn.Module):
