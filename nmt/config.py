@@ -120,10 +120,13 @@ class TrainerConfig:
     amp: str = "bf16"  # none | bf16 | fp16; autocast on CUDA only
     valid_every: int = 1000  # steps
     val_beam_size: int = 1
-    patience: int = 0  # stop after this many validations without a BLEU gain (0 = never)
+    patience: int = 5  # stop after this many validations without a BLEU gain (0 = never)
     log_every: int = 100
     resume: bool = False
+    # Keys that may differ from the checkpoint's config on resume (besides limits, device, logging).
+    allow_changes: list[str] = field(default_factory=list)
     keep_last: int = 1  # step-numbered checkpoints kept besides last.pt / best.pt
+    max_bad_steps: int = 5  # non-finite losses/gradients in a row before the run stops
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
 
 
@@ -155,11 +158,26 @@ class TranslateConfig:
     threads: int = 0
 
 
+@dataclass
+class EvaluateConfig:
+    checkpoint: str = MISSING
+    input: str = MISSING  # TSV: source in column 1, reference in column 2
+    beam_size: int = 5
+    length_penalty: float = 1.0
+    max_len_ratio: float = 2.0
+    max_input_len: int = 256
+    hypotheses: str | None = None  # also write the translations here, one per TSV line
+    json: str | None = None  # also write the scores here
+    device: str = "auto"
+    threads: int = 0
+
+
 def register_configs() -> None:
     """Register the schemas so Hydra validates the YAML files against them."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(name="evaluate_schema", node=EvaluateConfig)
 
 
 def to_plain(cfg: Any) -> dict:

@@ -11,6 +11,7 @@ import json
 import logging
 import netrc
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,7 @@ class RunLogger:
         id_file = run_dir / ".wandb_id"
         if resume and id_file.is_file():
             return id_file.read_text().strip()
-        import wandb
-
-        run_id = wandb.util.generate_id()
+        run_id = uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
         return run_id
 

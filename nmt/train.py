@@ -11,7 +11,7 @@ Examples::
 from __future__ import annotations
 
 import logging
-import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -23,10 +23,11 @@ from nmt.config import register_configs, to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.batching import BatchStream
 from nmt.data.corpus import load_pairs
-from nmt.errors import ConfigError
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import ConfigError, NmtError
 from nmt.logger import RunLogger
 from nmt.models.build import build_model, count_parameters
-from nmt.trainer import Trainer
+from nmt.trainer import Trainer, config_changes, find_checkpoint
 
 log = logging.getLogger("nmt.train")
 
@@ -58,7 +59,19 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     seed_everything(cfg.seed)
     prepare_corpus(cfg.data)
     specs = build_specs(cfg.data)
-    tokenizer = build_tokenizer(cfg.tokenizer, specs["train"])
+    resume_from = find_checkpoint(run_dir / "checkpoints", device) if cfg.trainer.resume else None
+    if cfg.trainer.resume and resume_from is None:
+        log.warning("trainer.resume=true but %s has no usable checkpoint: starting at step 0", run_dir / "checkpoints")
+    if resume_from is not None:
+        changed = config_changes(resume_from[1]["config"], plain, list(cfg.trainer.allow_changes))
+        if changed:
+            raise ConfigError(
+                f"resuming {resume_from[0]} with a different config ({'; '.join(changed)}); "
+                "name intended changes in trainer.allow_changes=[KEY,...] or use a new hydra.run.dir"
+            )
+        tokenizer = Tokenizer.from_state_dict(resume_from[1]["tokenizer"])  # the run's own pieces
+    else:
+        tokenizer = build_tokenizer(cfg.tokenizer, specs["train"])
     model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(
         device
     )
@@ -73,8 +86,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     valid = load_pairs(specs["valid"])
     logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume)
     trainer = Trainer(model, tokenizer, cfg, plain, run_dir, device, valid, logger)
-    if cfg.trainer.resume:
-        trainer.resume()
+    if resume_from is not None:
+        trainer.load_state(*resume_from)
     p = trainer.progress
     stream = BatchStream(
         specs["train"],
@@ -106,8 +119,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> float:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    result = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    try:
+        result = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except NmtError as e:
+        log.error("%s", e)
+        sys.exit(2)
     return float(result.get("bleu", 0.0))  # the sweep objective, for optimiser plugins
 
 

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from nmt import checkpoint
 from nmt.data.batching import Batch, eval_batches
 from nmt.data.tokenizer import Tokenizer
-from nmt.errors import ConfigError
+from nmt.errors import CheckpointError, ConfigError, NmtError
 from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq, nll_loss
 from nmt.translator import Translator
@@ -44,6 +44,8 @@ class Progress:
     best_bleu: float = -1.0
     bad_validations: int = 0  # validations in a row without a BLEU gain (early stopping)
     elapsed_s: float = 0.0  # wall-clock seconds of training so far (counts against max_minutes)
+    bad_steps: int = 0  # non-finite steps in a row
+    skipped_steps: int = 0  # non-finite steps in all (their updates were skipped)
     history: list[dict] = field(default_factory=list)
 
 
@@ -82,6 +84,61 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# Keys that may change between an interrupted run and its resumption without being named in
+# trainer.allow_changes: limits, where it runs, and where it logs. Entries ending in "." are prefixes.
+RESUME_MAY_CHANGE = (
+    "trainer.resume",
+    "trainer.allow_changes",
+    "trainer.max_steps",
+    "trainer.max_minutes",
+    "trainer.max_epochs",
+    "trainer.patience",
+    "trainer.log_every",
+    "trainer.threads",
+    "device",
+    "data.dir",
+    "data.num_workers",
+    "tokenizer.cache_dir",
+    "wandb.",
+)
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[str]:
+    """Keys whose values differ between two configs, minus those allowed to change."""
+    a, b = flatten(saved), flatten(current)
+    ok = tuple(RESUME_MAY_CHANGE) + tuple(allowed)
+    return [
+        f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and not any(k == x or (x.endswith(".") and k.startswith(x)) for x in ok)
+    ]
+
+
+def find_checkpoint(ckpt_dir: Path, device: torch.device) -> tuple[Path, dict] | None:
+    """The newest loadable checkpoint of a run: last.pt, else the step_N.pt files, newest first."""
+    candidates = [ckpt_dir / "last.pt"] + sorted(
+        ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]), reverse=True
+    )
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            return path, checkpoint.load(path, map_location=device)
+        except CheckpointError as e:
+            log.warning("%s; falling back to an older checkpoint", e)
+    return None
+
+
 class StopSignal:
     """Turns SIGINT/SIGTERM into a flag the loop checks after each step, so it can save first."""
 
@@ -105,6 +162,28 @@ class StopSignal:
             signal.signal(s, h)
 
 
+class Window:
+    """Loss and throughput over an interval of steps; read() is the only place that syncs the device."""
+
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), device=device)
+        self.loss_tokens = self.tgt_tokens = self.src_tokens = 0
+        self.start, self.paused = time.monotonic(), 0.0  # paused: validation time to leave out
+
+    def add(self, loss: torch.Tensor | None, b: Batch) -> None:
+        if loss is not None:  # a skipped (non-finite) step adds its tokens to the throughput only
+            self.loss += loss
+            self.loss_tokens += b.n_tgt_tokens
+        self.tgt_tokens += b.n_tgt_tokens
+        self.src_tokens += int(b.src_len.sum())
+
+    def read(self) -> tuple[float | None, float, float]:
+        """(train loss per target token, target tokens/s, source+target tokens/s)."""
+        secs = max(1e-9, time.monotonic() - self.start - self.paused)
+        loss = float(self.loss) / self.loss_tokens if self.loss_tokens else None  # None: every step skipped
+        return loss, self.tgt_tokens / secs, (self.tgt_tokens + self.src_tokens) / secs
+
+
 class Trainer:
     def __init__(
         self,
@@ -124,6 +203,7 @@ class Trainer:
         self.opt = build_optimizer(model, self.t)
         self.sched = build_scheduler(self.opt, self.t)
         self.progress = Progress()
+        self.last_save_failed = False
         self.amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}.get(self.t.amp, "?")
         if self.amp_dtype == "?":
             raise ConfigError(f"trainer.amp={self.t.amp!r} is unknown; choose none, bf16 or fp16")
@@ -152,40 +232,33 @@ class Trainer:
             "config": self.plain_config,
         }
 
-    def save(self, name: str) -> Path:
+    def save(self, name: str) -> Path | None:
+        """Write a checkpoint; on a disk error say so, keep the previous file, and go on training."""
         path = self.ckpt_dir / name
-        checkpoint.save(path, self.state())
+        try:
+            checkpoint.save(path, self.state())
+        except OSError as e:
+            log.error("cannot write checkpoint %s (%s); the previous one is kept", path, e.strerror or e)
+            self.last_save_failed = True
+            return None
+        self.last_save_failed = False
         return path
 
-    def resume(self) -> bool:
-        """Load the newest loadable checkpoint of this run directory; False if there is none."""
-        candidates = [self.ckpt_dir / "last.pt"] + sorted(
-            self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]), reverse=True
+    def load_state(self, path: Path, ckpt: dict) -> None:
+        """Continue from a checkpoint of this run (see ``find_checkpoint``)."""
+        self.model.load_state_dict(ckpt["model"])
+        self.opt.load_state_dict(ckpt["optimizer"])
+        self.sched.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.progress = Progress(**ckpt["progress"])
+        set_rng_state(ckpt["rng"])
+        log.info(
+            "resuming from %s: step %d, epoch %d, best BLEU %.2f",
+            path,
+            self.progress.step,
+            self.progress.epoch,
+            self.progress.best_bleu,
         )
-        for path in candidates:
-            if not path.is_file():
-                continue
-            try:
-                ckpt = checkpoint.load(path, map_location=self.device)
-            except checkpoint.CheckpointError as e:
-                log.warning("cannot resume from %s; trying an older checkpoint", e)
-                continue
-            self.model.load_state_dict(ckpt["model"])
-            self.opt.load_state_dict(ckpt["optimizer"])
-            self.sched.load_state_dict(ckpt["scheduler"])
-            self.scaler.load_state_dict(ckpt["scaler"])
-            self.progress = Progress(**ckpt["progress"])
-            set_rng_state(ckpt["rng"])
-            log.info(
-                "resuming from %s: step %d, epoch %d, best BLEU %.2f",
-                path,
-                self.progress.step,
-                self.progress.epoch,
-                self.progress.best_bleu,
-            )
-            return True
-        log.warning("trainer.resume=true but %s holds no checkpoint: starting from step 0", self.ckpt_dir)
-        return False
 
     def _keep_step_checkpoint(self) -> None:
         if self.t.keep_last <= 0:
@@ -225,17 +298,26 @@ class Trainer:
         return torch.autocast(device_type="cuda", dtype=self.amp_dtype)
 
     # ---- the loop ----
-    def train_step(self, b: Batch) -> torch.Tensor:
+    def train_step(self, b: Batch) -> torch.Tensor | None:
+        """One update; returns the summed loss, or None when it was non-finite and the update skipped."""
         with self._autocast():
             logits, _ = self.model(b.src, b.src_len, b.tgt_in, self.t.teacher_forcing)
             loss_sum = nll_loss(logits, b.tgt_out, self.t.label_smoothing)
         self.scaler.scale(loss_sum / b.n_tgt_tokens).backward()
-        if self.t.clip_grad > 0:
-            self.scaler.unscale_(self.opt)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.clip_grad)
-        self.scaler.step(self.opt)
-        self.scaler.update()
+        self.scaler.unscale_(self.opt)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.clip_grad or float("inf"))
+        if self.scaler.is_enabled():  # fp16: the scaler skips inf/NaN steps itself and lowers its scale
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            ok = True
+        else:
+            # The one host sync per step: a NaN must never reach the weights or Adam's moments.
+            ok = bool(torch.isfinite(norm))
+            if ok:
+                self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if not ok:
+            return None
         if not isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.sched.step()
         return loss_sum.detach()
@@ -248,18 +330,16 @@ class Trainer:
             return f"reached trainer.max_minutes={t.max_minutes}"
         if t.patience and p.bad_validations >= t.patience:
             return f"no BLEU gain in {t.patience} validations (trainer.patience)"
+        if t.max_bad_steps and p.bad_steps >= t.max_bad_steps:
+            return f"{p.bad_steps} non-finite steps in a row (trainer.max_bad_steps)"
         return None
 
     def fit(self, batches: Iterator[Batch]) -> dict:
         """Train until a limit, early stopping or a signal; validate and save at the end."""
         p, t = self.progress, self.t
         self.model.train()
-        started = time.monotonic()
-        elapsed_at_start = p.elapsed_s
-        window_start, window_tokens, window_src_tokens = time.monotonic(), 0, 0
-        window_valid_s = 0.0
-        loss_acc = torch.zeros((), device=self.device)
-        loss_tokens = 0
+        started, elapsed_at_start = time.monotonic(), p.elapsed_s
+        since_log, since_valid = Window(self.device), Window(self.device)
         reason = self._done(p, started)
         bar = tqdm(
             total=t.max_steps or None,
@@ -277,66 +357,65 @@ class Trainer:
                 if t.max_epochs and b.epoch >= t.max_epochs:
                     reason = f"reached trainer.max_epochs={t.max_epochs}"
                     break
-                loss_acc += self.train_step(b.to(self.device))
-                loss_tokens += b.n_tgt_tokens
-                window_tokens += b.n_tgt_tokens
-                window_src_tokens += int(b.src_len.sum())
+                loss = self.train_step(b.to(self.device))
+                if loss is None:
+                    p.bad_steps, p.skipped_steps = p.bad_steps + 1, p.skipped_steps + 1
+                    log.warning(
+                        "step %d: non-finite loss or gradient, update skipped (%d in a row, %d in all)",
+                        p.step + 1,
+                        p.bad_steps,
+                        p.skipped_steps,
+                    )
+                else:
+                    p.bad_steps = 0
+                for w in (since_log, since_valid):
+                    w.add(loss, b)
                 p.step, p.epoch, p.batch_index = p.step + 1, b.epoch, b.index
                 p.elapsed_s = elapsed_at_start + time.monotonic() - started
                 bar.update(1)
                 if p.step % t.log_every == 0:
-                    train_loss = float(loss_acc) / max(1, loss_tokens)  # the only sync: every log_every steps
-                    secs = max(1e-9, time.monotonic() - window_start - window_valid_s)
-                    bar.set_postfix(
-                        loss=f"{train_loss:.3f}",
-                        tok_s=f"{window_tokens / secs:,.0f}",
-                        lr=f"{self.opt.param_groups[0]['lr']:.2e}",
-                        refresh=False,
-                    )
-                    log.info(
-                        "step %d  epoch %d  train loss %.4f  %.0f tgt tok/s  lr %.2e",
-                        p.step,
-                        p.epoch,
-                        train_loss,
-                        window_tokens / secs,
-                        self.opt.param_groups[0]["lr"],
-                    )
+                    train_loss, tok_s, _ = since_log.read()  # the one sync for logging: every log_every steps
+                    lr = self.opt.param_groups[0]["lr"]
+                    shown = "n/a" if train_loss is None else f"{train_loss:.4f}"
+                    bar.set_postfix(loss=shown, tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
+                    msg = "step %d  epoch %d  train loss %s  %.0f tgt tok/s  lr %.2e"
+                    log.info(msg, p.step, p.epoch, shown, tok_s, lr)
+                    since_log = Window(self.device)
                 if stop.signum is not None:
                     break
                 reason = self._done(p, started)
                 if reason is None and p.step % t.valid_every == 0:
                     v0 = time.monotonic()
-                    last = self._validate_and_save(
-                        loss_acc, loss_tokens, window_start, window_tokens, window_src_tokens, window_valid_s
-                    )
-                    loss_acc.zero_()
-                    loss_tokens, window_tokens, window_src_tokens = 0, 0, 0
-                    window_start, window_valid_s = v0, time.monotonic() - v0
+                    last = self._validate_and_save(since_valid)
+                    since_valid = Window(self.device)
+                    since_log.paused += time.monotonic() - v0
                     reason = self._done(p, started)
             bar.close()
             if stop.signum is not None:
                 path = self.save("last.pt")
-                log.warning("interrupted at step %d: saved %s; continue with trainer.resume=true", p.step, path)
+                if path is not None:
+                    log.warning("interrupted at step %d: saved %s; continue with trainer.resume=true", p.step, path)
                 self.logger.finish()
                 raise SystemExit(128 + stop.signum)
         log.info("stopping: %s", reason)
+        if t.max_bad_steps and p.bad_steps >= t.max_bad_steps:
+            self.save("last.pt")  # the skipped updates left the weights as they were before the fault
+            raise NmtError(
+                f"stopped at step {p.step}: {reason}; {self.ckpt_dir / 'last.pt'} holds the weights from "
+                "before the fault (try a lower trainer.lr, or check the data)"
+            )
         if p.step > 0 and (not p.history or p.history[-1]["step"] != p.step):
-            last = self._validate_and_save(
-                loss_acc, loss_tokens, window_start, window_tokens, window_src_tokens, window_valid_s
+            last = self._validate_and_save(since_valid)
+        if self.last_save_failed:
+            raise NmtError(
+                f"training ended at step {p.step}, but its final checkpoint could not be written to "
+                f"{self.ckpt_dir} (see the errors above)"
             )
         return last or (p.history[-1] if p.history else {})
 
-    def _validate_and_save(
-        self,
-        loss_acc: torch.Tensor,
-        loss_tokens: int,
-        window_start: float,
-        window_tokens: int,
-        window_src_tokens: int,
-        window_valid_s: float,
-    ) -> dict:
+    def _validate_and_save(self, window: Window) -> dict:
         p = self.progress
-        secs = max(1e-9, time.monotonic() - window_start - window_valid_s)
+        train_loss, tok_s, src_tgt_tok_s = window.read()
         v = self.validate()
         record = {
             "step": p.step,
@@ -345,11 +424,12 @@ class Trainer:
             "ppl": v["ppl"],
             "bleu": v["bleu"],
             "chrf": v["chrf"],
-            "train_loss": float(loss_acc) / max(1, loss_tokens),
+            "train_loss": train_loss,
             "lr": self.opt.param_groups[0]["lr"],
-            "tgt_tokens_per_s": window_tokens / secs,
-            "src_tgt_tokens_per_s": (window_tokens + window_src_tokens) / secs,
+            "tgt_tokens_per_s": tok_s,
+            "src_tgt_tokens_per_s": src_tgt_tok_s,
             "elapsed_s": p.elapsed_s,
+            "skipped_steps": p.skipped_steps,
         }
         improved = v["bleu"] > p.best_bleu
         if improved:

@@ -42,6 +42,14 @@ def load_translator(path: str, device: torch.device, **search) -> Translator:
     return Translator(model, tok, device, **search)
 
 
+# Characters that some tools treat as line ends; never let them into an output line.
+_LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029", " "))
+
+
+def one_line(text: str) -> str:
+    return text.translate(_LINE_BREAKS)
+
+
 def read_lines(f: TextIO) -> Iterator[str]:
     """Lines without their newline."""
     for line in f:
@@ -63,7 +71,7 @@ def _flush(tr: Translator, buf: list[str], out: TextIO) -> int:
     if not buf:
         return 0
     for t in tr.translate(buf):
-        out.write(t.text.replace("\n", " ") + "\n")
+        out.write(one_line(t.text) + "\n")
     out.flush()
     return len(buf)
 
@@ -85,11 +93,12 @@ def main(cfg: DictConfig) -> None:
             max_input_len=cfg.max_input_len,
         )
         with contextlib.ExitStack() as stack:
-            # errors="replace": a stray non-UTF-8 byte costs one character, not the run.
+            # errors="replace": a stray non-UTF-8 byte costs one character, not the run; newline="\n": only
+            # \n ends a line (a stray \r inside a line must not make two outputs of one input).
             src = (
-                stack.enter_context(open(cfg.input, encoding="utf-8", errors="replace"))
+                stack.enter_context(open(cfg.input, encoding="utf-8", errors="replace", newline="\n"))
                 if cfg.input
-                else io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+                else io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
             )
             out = stack.enter_context(open(cfg.output, "w", encoding="utf-8")) if cfg.output else sys.stdout
             n = translate_stream(tr, read_lines(src), out, cfg.batch_size, interactive=cfg.input is None)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from nmt.data.corpus import CorpusError, CorpusSpec, stream_pairs
-from nmt.data.fetch import SPLITS, corpus_ready, ensure_spa_eng
 from nmt.data.tokenizer import Tokenizer, file_fingerprint, train_or_load
 from nmt.errors import ConfigError
 
@@ -19,6 +18,8 @@ log = logging.getLogger(__name__)
 
 def prepare_corpus(data: Any) -> None:
     """Make sure local TSV splits exist; fetch the default corpus into an empty ``data.dir``."""
+    from nmt.data.fetch import SPLITS, corpus_ready, ensure_spa_eng  # lazy: keeps `-m nmt.data.fetch` clean
+
     if data.source != "tsv":
         return
     d = Path(data.dir)
@@ -57,7 +58,7 @@ def build_specs(data: Any) -> dict[str, CorpusSpec]:
         }
     if data.source != "tsv":
         raise ConfigError(f"data.source={data.source!r} is unknown; choose tsv or hub")
-    return {s: CorpusSpec(path=str(Path(data.dir) / getattr(data, s)), **common) for s in SPLITS}
+    return {s: CorpusSpec(path=str(Path(data.dir) / getattr(data, s)), **common) for s in ("train", "valid", "test")}
 
 
 def build_tokenizer(tok: Any, train: CorpusSpec) -> Tokenizer:

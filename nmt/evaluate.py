@@ -1,0 +1,111 @@
+"""``python -m nmt.evaluate checkpoint=PATH input=TSV [beam_size=K]``: BLEU, chrF and TER with signatures.
+
+Scores are sacrebleu's defaults on detokenised output against the raw references, so
+they can be compared with published numbers. A TSV test set often holds several
+translations of one source (spa-eng keeps them adjacent); besides the usual
+one-reference-per-line score, the lines are grouped by source and scored again with
+all of a source's translations as references.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+import sacrebleu
+from omegaconf import DictConfig
+
+from nmt.config import register_configs
+from nmt.data.corpus import CorpusSpec, load_pairs
+from nmt.errors import NmtError
+from nmt.train import resolve_device
+from nmt.translate import load_translator
+
+log = logging.getLogger("nmt.evaluate")
+register_configs()
+
+
+def group_references(sources: list[str], refs: list[str]) -> tuple[list[int], list[list[str | None]]]:
+    """Indices of the first line of each distinct source, and reference streams padded with None."""
+    groups: dict[str, list[str]] = {}
+    first: dict[str, int] = {}
+    for i, (s, r) in enumerate(zip(sources, refs)):
+        groups.setdefault(s, []).append(r)
+        first.setdefault(s, i)
+    order = list(groups)
+    width = max(len(g) for g in groups.values())
+    streams = [[groups[s][k] if k < len(groups[s]) else None for s in order] for k in range(width)]
+    return [first[s] for s in order], streams
+
+
+def score(hyps: list[str], sources: list[str], refs: list[str]) -> dict:
+    """Single- and multi-reference scores with their sacrebleu signatures."""
+    out: dict = {"lines": len(hyps)}
+    bleu, chrf, ter = sacrebleu.BLEU(), sacrebleu.CHRF(), sacrebleu.TER()
+    for name, metric in (("bleu", bleu), ("chrf", chrf), ("ter", ter)):
+        out[name] = round(metric.corpus_score(hyps, [refs]).score, 2)
+        out[f"{name}_signature"] = str(metric.get_signature())
+    firsts, streams = group_references(sources, refs)
+    if len(streams) > 1:
+        multi = sacrebleu.BLEU()
+        out["multi_ref"] = {
+            "sources": len(firsts),
+            "max_refs": len(streams),
+            "bleu": round(multi.corpus_score([hyps[i] for i in firsts], streams).score, 2),
+            "bleu_signature": str(multi.get_signature()),
+        }
+    return out
+
+
+def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
+    rows = [
+        ("BLEU", s["bleu"], s["bleu_signature"]),
+        ("chrF", s["chrf"], s["chrf_signature"]),
+        ("TER", s["ter"], s["ter_signature"]),
+    ]
+    if "multi_ref" in s:
+        m = s["multi_ref"]
+        rows.append(
+            (f"BLEU multi-ref ({m['sources']} sources, <= {m['max_refs']} refs)", m["bleu"], m["bleu_signature"])
+        )
+    lines = [
+        f"{checkpoint} on {test} ({s['lines']} lines, beam {beam})",
+        "| metric | score | signature |",
+        "|---|---:|---|",
+    ]
+    lines += [f"| {n} | {v:.2f} | {sig} |" for n, v, sig in rows]
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    try:
+        device = resolve_device(cfg.device)
+        pairs = load_pairs(CorpusSpec(cfg.input))
+        tr = load_translator(
+            cfg.checkpoint,
+            device,
+            beam_size=cfg.beam_size,
+            length_penalty=cfg.length_penalty,
+            max_len_ratio=cfg.max_len_ratio,
+            max_input_len=cfg.max_input_len,
+        )
+        sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
+        hyps = [t.text for t in tr.translate(sources)]
+        s = score(hyps, sources, refs)
+        s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty)
+        print(format_table(cfg.checkpoint, cfg.input, cfg.beam_size, s))
+        if cfg.hypotheses:
+            Path(cfg.hypotheses).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        if cfg.json:
+            Path(cfg.json).write_text(json.dumps(s, indent=1) + "\n")
+    except NmtError as e:
+        log.error("%s", e)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

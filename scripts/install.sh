@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install nmt into it (editable, with the dev tools).
+# torch is pinned first (PYTORCH_SPEC, default torch==2.13.0) and kept by a constraint while the rest
+# installs, so pip never swaps in another build; set PYTORCH_SPEC to pick e.g. a CUDA wheel.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${PYTHON:-python3}
+TORCH=${PYTORCH_SPEC:-torch==2.13.0}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "$TORCH"
+constraint=$(mktemp)
+trap 'rm -f "$constraint"' EXIT
+.venv/bin/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraint"
+.venv/bin/python -m pip install -q -c "$constraint" -e ".[dev]"
+.venv/bin/python -c "import torch, nmt; print('nmt installed in .venv with torch', torch.__version__)"

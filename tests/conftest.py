@@ -1,0 +1,35 @@
+"""Shared fixtures. Tests never touch the network: Hub and wandb run offline/disabled."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO.parent / "shared" / "data" / "spa-eng" / "sample"
+
+
+@pytest.fixture(scope="session")
+def sample_dir() -> Path:
+    if not (SAMPLE / "train.tsv").is_file():
+        pytest.fail(f"{SAMPLE} is missing: the tests need ../shared/data/spa-eng/sample beside the repository")
+    return SAMPLE
+
+
+@pytest.fixture()
+def cache_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture()
+def seeded():
+    torch.manual_seed(0)

@@ -1,0 +1,69 @@
+"""Tiny-model settings and a subprocess runner shared by the CLI tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Small enough to train in seconds on 2 cores, big enough that the loss visibly falls.
+TINY = [
+    "tokenizer.vocab_size=300",
+    "tokenizer.sample_size=3000",
+    "encoder.emb_size=32",
+    "encoder.hidden_size=32",
+    "decoder.emb_size=32",
+    "decoder.hidden_size=64",
+    "data.max_tokens=600",
+    "data.valid_max_sentences=40",
+    "data.bucket_size=2000",
+    "data.shuffle_buffer=500",
+    "trainer.log_every=10",
+    "trainer.lr=3e-3",
+    "device=cpu",
+    "wandb.mode=disabled",
+]
+
+
+def env(cache: Path) -> dict:
+    e = dict(os.environ)
+    e.update(
+        NMT_CACHE=str(cache),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        WANDB_MODE="disabled",
+        OMP_NUM_THREADS="2",
+        PYTHONUNBUFFERED="1",
+    )
+    return e
+
+
+def run_module(
+    module: str, args: list[str], cache: Path, stdin: str | None = None, timeout: int = 600, check: bool = True
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env=env(cache),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{module} {' '.join(args)} exited {proc.returncode}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def popen_module(module: str, args: list[str], cache: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env=env(cache),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

@@ -1,0 +1,44 @@
+"""Mistakes in config fail before any work, in a line or two that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import TINY, run_module
+
+
+@pytest.mark.parametrize(
+    "override,expect",
+    [
+        ("attention=bahdnau", ["attention/bahdnau", "bahdanau", "general"]),
+        ("trainer.max_step=5", ["max_step"]),
+        ("encoder.cell=rnn", ["encoder.cell='rnn'", "gru", "lstm"]),
+        ("attention=dot", ["attention=dot needs decoder.hidden_size (64) == 2 * encoder.hidden_size (48)"]),
+    ],
+)
+def test_config_mistakes_fail_clearly(tmp_path, sample_dir, override, expect):
+    proc = run_module(
+        "nmt.train",
+        [f"data.dir={sample_dir}", *TINY, "encoder.hidden_size=24", override, f"hydra.run.dir={tmp_path}/run"],
+        tmp_path / "cache",
+        check=False,
+    )
+    assert proc.returncode != 0
+    for e in expect:
+        assert e in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_missing_corpus_says_what_to_run(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "notes.txt").write_text("not a corpus")
+    proc = run_module(
+        "nmt.train",
+        [f"data.dir={tmp_path}/corpus", *TINY, f"hydra.run.dir={tmp_path}/run"],
+        tmp_path / "cache",
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "train.tsv: corpus file not found" in proc.stderr and "nmt.data.fetch" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,111 @@
+"""The step path (used by search) and the teacher-forced paths give the same logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from nmt.config import TrainConfig
+from nmt.data.batching import collate
+from nmt.models.build import build_model
+
+V = 40
+
+
+def tiny_model(order: str, cell: str, feed: bool, attention: str = "bahdanau", layers: int = 1, tie: bool = False):
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.encoder.update(cell=cell, emb_size=8, hidden_size=6, layers=layers, dropout=0.0)
+    cfg.decoder.update(
+        order=order, emb_size=8, hidden_size=12, layers=layers, dropout=0.0, input_feeding=feed, tie_embeddings=tie
+    )
+    cfg.attention.name = attention
+    return build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V).eval()
+
+
+def random_batch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lens_s, lens_t = [5, 3, 7], [4, 6, 2]
+    src = [torch.randint(4, V, (n,), generator=g).tolist() for n in lens_s]
+    tgt = [torch.randint(4, V, (n,), generator=g).tolist() for n in lens_t]
+    return collate(src, tgt)
+
+
+CASES = [
+    (order, cell, feed)
+    for order, feed in [("bahdanau", True), ("luong", True), ("luong", False)]
+    for cell in ("gru", "lstm")
+]
+
+
+@pytest.mark.parametrize("order,cell,feed", CASES)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_step_equals_full_pass(order, cell, feed, layers, seeded):
+    model = tiny_model(order, cell, feed, layers=layers)
+    b = random_batch()
+    with torch.no_grad():
+        full, att_full = model(b.src, b.src_len, b.tgt_in)
+        state = model.start(b.src, b.src_len)
+        steps, atts = [], []
+        for t in range(b.tgt_in.size(1)):
+            logits, state, w = model.decoder.step(b.tgt_in[:, t], state)
+            steps.append(logits)
+            atts.append(w)
+    torch.testing.assert_close(torch.stack(steps, 1), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.stack(atts, 1), att_full, rtol=1e-5, atol=1e-5)
+
+
+def test_one_call_luong_equals_step_loop_with_gradients(seeded):
+    """The one-call path (nn.GRU over all steps) and the hand-written cell loop: same loss and grads."""
+    model = tiny_model("luong", "gru", feed=False, attention="general")
+    b = random_batch(1)
+    logits_fast, _ = model(b.src, b.src_len, b.tgt_in)
+    model.zero_grad()
+    logits_fast.sum().backward()
+    grads_fast = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    state = model.start(b.src, b.src_len)
+    steps = []
+    for t in range(b.tgt_in.size(1)):
+        lg, state, _ = model.decoder.step(b.tgt_in[:, t], state)
+        steps.append(lg)
+    logits_loop = torch.stack(steps, 1)
+    logits_loop.sum().backward()
+    torch.testing.assert_close(logits_loop, logits_fast, rtol=1e-5, atol=1e-5)
+    for n, p in model.named_parameters():
+        if n in grads_fast:
+            torch.testing.assert_close(p.grad, grads_fast[n], rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_hand_written_cell_matches_torch_cell(cell, seeded):
+    model = tiny_model("luong", cell, feed=False)
+    dec = model.decoder
+    torch_cell = (torch.nn.GRUCell if cell == "gru" else torch.nn.LSTMCell)(8, 12)
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        getattr(torch_cell, name).data.copy_(getattr(dec.rnn, f"{name}_l0").data)
+    x, h = torch.randn(3, 8), torch.randn(3, 12)
+    gx = torch.nn.functional.linear(x, dec.rnn.weight_ih_l0, dec.rnn.bias_ih_l0)
+    if cell == "gru":
+        torch.testing.assert_close(dec._cell(gx, h, None, 0)[0], torch_cell(x, h))
+    else:
+        c = torch.randn(3, 12)
+        got_h, got_c = dec._cell(gx, h, c, 0)
+        ref_h, ref_c = torch_cell(x, (h, c))
+        torch.testing.assert_close(got_h, ref_h)
+        torch.testing.assert_close(got_c, ref_c)
+
+
+def test_tied_embeddings_share_the_matrix():
+    model = tiny_model("luong", "gru", feed=True, tie=True)
+    assert model.decoder.out.weight is model.decoder.embed.weight
+
+
+@pytest.mark.parametrize("order,cell,feed", CASES)
+def test_scheduled_sampling_trains(order, cell, feed, seeded):
+    model = tiny_model(order, cell, feed).train()
+    b = random_batch()
+    logits, _ = model(b.src, b.src_len, b.tgt_in, teacher_forcing=0.5)
+    assert logits.shape == (3, b.tgt_in.size(1), V)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.decoder.rnn.parameters())

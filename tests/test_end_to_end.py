@@ -1,0 +1,100 @@
+"""The whole path a user takes, through the real CLIs: train → checkpoint → translate / evaluate → resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from helpers import TINY, run_module
+from nmt import checkpoint
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, sample_dir):
+    root = tmp_path_factory.mktemp("e2e")
+    run = root / "run"
+    proc = run_module(
+        "nmt.train",
+        [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=120", "trainer.valid_every=40", f"hydra.run.dir={run}"],
+        root / "cache",
+    )
+    return run, root / "cache", proc
+
+
+def records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_training_writes_checkpoints_metrics_and_the_loss_falls(trained):
+    run, _, proc = trained
+    assert (run / "checkpoints" / "best.pt").is_file() and (run / "checkpoints" / "last.pt").is_file()
+    recs = records(run)
+    assert [r["step"] for r in recs] == [40, 80, 120]  # every valid_every steps; the last is the end-of-run one
+    for r in recs:
+        assert {"step", "bleu", "chrf", "loss", "tgt_tokens_per_s"} <= set(r)
+        assert r["tgt_tokens_per_s"] > 0
+    assert recs[-1]["loss"] < recs[0]["loss"] - 0.3, [r["loss"] for r in recs]
+    assert recs[-1]["train_loss"] < recs[0]["train_loss"]
+    ckpt = checkpoint.load(run / "checkpoints" / "last.pt")
+    assert ckpt["progress"]["step"] == 120 and ckpt["config"]["trainer"]["max_steps"] == 120
+    assert "stopping: reached trainer.max_steps=120" in proc.stderr
+
+
+def test_translate_cli_gives_one_line_per_input_line(trained, tmp_path):
+    run, cache, _ = trained
+    lines = ["Tom is here.", "", "   ", "I like cats.", "word " * 2000, "Where is the station?"]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    for beam in (1, 4):
+        proc = run_module(
+            "nmt.translate",
+            [f"checkpoint={run}/checkpoints/best.pt", f"input={src}", f"output={out}", f"beam_size={beam}"],
+            cache,
+        )
+        got = out.read_text(encoding="utf-8").split("\n")
+        assert got[-1] == "" and len(got[:-1]) == len(lines)
+        assert got[1] == "" and got[2] == ""  # empty and blank inputs give empty outputs
+        assert all(got[i].strip() for i in (0, 3, 4, 5))
+        assert "truncated" in proc.stderr  # the 10,000-character line
+    piped = run_module("nmt.translate", [f"checkpoint={run}/checkpoints/best.pt"], cache, stdin="I like cats.\n\nOk.\n")
+    assert len(piped.stdout.split("\n")) == 4 and piped.stdout.split("\n")[1] == ""
+
+
+def test_evaluate_cli_reports_scores_with_signatures(trained, tmp_path, sample_dir):
+    run, cache, _ = trained
+    js = tmp_path / "scores.json"
+    proc = run_module(
+        "nmt.evaluate",
+        [f"checkpoint={run}/checkpoints/best.pt", f"input={sample_dir}/test.tsv", "beam_size=2", f"json={js}"],
+        cache,
+    )
+    assert "BLEU" in proc.stdout and "nrefs:1" in proc.stdout and "TER" in proc.stdout
+    s = json.loads(js.read_text())
+    assert s["lines"] == 200 and 0 <= s["bleu"] <= 100 and s["chrf"] > 0
+
+
+def test_resume_continues_from_the_saved_step(trained, tmp_path):
+    run, cache, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    proc = run_module(
+        "nmt.train",
+        [
+            f"data.dir={checkpoint_data_dir(copy)}",
+            *TINY,
+            "trainer.max_steps=140",
+            "trainer.valid_every=40",
+            "trainer.resume=true",
+            f"hydra.run.dir={copy}",
+        ],
+        cache,
+    )
+    assert "resuming from" in proc.stderr and "step 120" in proc.stderr
+    assert [r["step"] for r in records(copy)] == [40, 80, 120, 140]
+
+
+def checkpoint_data_dir(run):
+    return checkpoint.load(run / "checkpoints" / "last.pt")["config"]["data"]["dir"]

@@ -1,0 +1,201 @@
+"""Fault injection: kills at random steps, corrupt checkpoints, NaN losses, full disks, mistyped resumes.
+
+Every test here injects a fault and checks that no work is lost. Counts of what was injected
+go to ``FAULTS`` and, when NMT_RELIABILITY_REPORT names a file, are written there at the end
+(docs/reliability.md quotes them).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import re
+import signal
+from collections import Counter
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import nmt.trainer
+from helpers import REPO, TINY, popen_module, run_module
+from nmt import checkpoint
+from nmt.errors import ConfigError, NmtError
+from nmt.train import run
+
+FAULTS: Counter = Counter()
+STEPS = 45
+COMMON = [*TINY, "trainer.valid_every=15", "trainer.log_every=1", "trainer.keep_last=2"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def report():
+    yield
+    if os.environ.get("NMT_RELIABILITY_REPORT"):
+        with open(os.environ["NMT_RELIABILITY_REPORT"], "w") as f:
+            json.dump(dict(FAULTS), f, indent=1)
+
+
+def step_losses(run_dir) -> dict[int, str]:
+    """Per-step training loss from train.log; a re-run step (after SIGKILL) keeps its last value."""
+    found = re.findall(r"step (\d+)  epoch \d+  train loss (\S+)", (run_dir / "train.log").read_text())
+    return {int(k): v for k, v in found}
+
+
+def weights(run_dir):
+    return checkpoint.load(run_dir / "checkpoints" / "last.pt")["model"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, sample_dir):
+    """One uninterrupted run to compare interrupted ones with."""
+    root = tmp_path_factory.mktemp("ref")
+    run_module(
+        "nmt.train",
+        [f"data.dir={sample_dir}", *COMMON, f"trainer.max_steps={STEPS}", f"hydra.run.dir={root}/run"],
+        root / "cache",
+    )
+    return root / "run", root / "cache"
+
+
+def wait_for_step(proc, step: int) -> None:
+    for line in proc.stdout:
+        if f"step {step}  epoch" in line:
+            return
+    raise AssertionError(f"training ended before step {step}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
+def test_killed_at_a_random_step_resumes_exactly(reference, tmp_path, sample_dir, sig):
+    ref_dir, cache = reference
+    kill_at = random.Random().randint(5, STEPS - 5)
+    run_dir = tmp_path / "run"
+    args = [f"data.dir={sample_dir}", *COMMON, f"trainer.max_steps={STEPS}", f"hydra.run.dir={run_dir}"]
+    proc = popen_module("nmt.train", args, cache)
+    wait_for_step(proc, kill_at)
+    proc.send_signal(sig)
+    out = proc.communicate(timeout=120)[0]
+    FAULTS[f"killed with {signal.Signals(sig).name}"] += 1
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:  # the handler saves after the step in flight, then exits 128 + signal
+        assert proc.returncode == 128 + sig, out[-2000:]
+        assert "continue with trainer.resume=true" in out
+    saved = checkpoint.load(run_dir / "checkpoints" / "last.pt")["progress"]["step"]
+    resumed = run_module("nmt.train", [*args, "trainer.resume=true"], cache)
+    FAULTS["runs resumed"] += 1
+    assert f"resuming from {run_dir}/checkpoints/last.pt: step {saved}," in resumed.stderr
+    # the same losses step for step, and the same final weights, as the run that was never interrupted
+    assert step_losses(run_dir) == step_losses(ref_dir), f"killed at {kill_at}, resumed from {saved}"
+    ref_w, got_w = weights(ref_dir), weights(run_dir)
+    for k in ref_w:
+        torch.testing.assert_close(got_w[k], ref_w[k], rtol=1e-5, atol=1e-6, msg=k)
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == STEPS
+
+
+def compose_cfg(overrides):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def tiny_cfg(sample_dir, *extra):
+    return compose_cfg(
+        [
+            f"data.dir={sample_dir}",
+            *COMMON,
+            "data.num_workers=0",
+            "data.valid_max_sentences=5",
+            "trainer.log_every=5",
+            *extra,
+        ]
+    )
+
+
+def test_resume_refuses_a_changed_config_unless_allowed(tmp_path, sample_dir, cache_env):
+    run(tiny_cfg(sample_dir, "trainer.max_steps=15"), tmp_path)
+    with pytest.raises(ConfigError, match=r"trainer\.lr: 0\.003 -> 0\.01.*trainer\.allow_changes"):
+        run(tiny_cfg(sample_dir, "trainer.max_steps=20", "trainer.resume=true", "trainer.lr=0.01"), tmp_path)
+    FAULTS["changed-config resumes refused"] += 1
+    result = run(
+        tiny_cfg(
+            sample_dir,
+            "trainer.max_steps=20",
+            "trainer.resume=true",
+            "trainer.lr=0.01",
+            "trainer.allow_changes=[trainer.lr]",
+        ),
+        tmp_path,
+    )
+    assert result["step"] == 20
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_resume_falls_back_when_last_checkpoint_is_damaged(tmp_path, sample_dir, cache_env, caplog, damage):
+    run(tiny_cfg(sample_dir, "trainer.max_steps=30"), tmp_path)
+    last = tmp_path / "checkpoints" / "last.pt"
+    raw = last.read_bytes()
+    last.write_bytes(raw[: len(raw) // 3] if damage == "truncate" else os.urandom(len(raw)))
+    FAULTS["checkpoints corrupted"] += 1
+    result = run(tiny_cfg(sample_dir, "trainer.max_steps=35", "trainer.resume=true"), tmp_path)
+    FAULTS["runs resumed"] += 1
+    assert "falling back to an older checkpoint" in caplog.text
+    assert re.search(r"resuming from \S+step_30\.pt: step 30,", caplog.text)
+    assert result["step"] == 35
+
+
+def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path, sample_dir, cache_env, monkeypatch, caplog):
+    real = nmt.trainer.nll_loss
+    calls = {"n": 0}
+    poisoned = {3, 4, *range(9, 100)}  # two isolated faults, then a model gone bad for good
+
+    def faulty(logits, target, label_smoothing=0.0):
+        loss = real(logits, target, label_smoothing)
+        if label_smoothing > 0:  # training steps only (validation uses no smoothing)
+            calls["n"] += 1
+            if calls["n"] in poisoned:
+                FAULTS["NaN losses injected"] += 1
+                return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(nmt.trainer, "nll_loss", faulty)
+    cfg = tiny_cfg(sample_dir, "trainer.max_steps=40", "trainer.max_bad_steps=3", "trainer.valid_every=6")
+    with pytest.raises(NmtError, match=r"stopped at step 11: 3 non-finite steps in a row"):
+        run(cfg, tmp_path)
+    assert "step 3: non-finite loss or gradient, update skipped (1 in a row, 1 in all)" in caplog.text
+    saved = checkpoint.load(tmp_path / "checkpoints" / "last.pt")
+    assert saved["progress"]["skipped_steps"] == 5 and saved["progress"]["step"] == 11
+    at_6 = checkpoint.load(tmp_path / "checkpoints" / "step_6.pt")["model"]
+    # steps 7 and 8 trained, 9-11 were skipped: last.pt differs from step 6 but holds only finite weights
+    assert all(torch.isfinite(v).all() for v in saved["model"].values() if v.is_floating_point())
+    assert any(not torch.equal(saved["model"][k], at_6[k]) for k in at_6)
+
+
+def test_unwritable_checkpoints_keep_the_previous_one(tmp_path, sample_dir, cache_env, monkeypatch, caplog):
+    run(tiny_cfg(sample_dir, "trainer.max_steps=15"), tmp_path)
+    last = tmp_path / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    real_save = torch.save
+
+    def disk_full(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)  # the bytes are written, then the disk fills up
+        FAULTS["checkpoint writes failed (disk full)"] += 1
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(NmtError, match="final checkpoint could not be written"):
+        run(tiny_cfg(sample_dir, "trainer.max_steps=30", "trainer.resume=true"), tmp_path)
+    assert "cannot write checkpoint" in caplog.text and "No space left on device" in caplog.text
+    assert last.read_bytes() == before  # untouched, still loadable
+    assert checkpoint.load(last)["progress"]["step"] == 15
+    assert sorted(p.name for p in last.parent.iterdir() if p.name.startswith(".")) == []  # no temp files left
+
+
+def test_checkpoint_dir_that_is_a_file(tmp_path, sample_dir, cache_env, caplog):
+    (tmp_path / "checkpoints").write_text("in the way")
+    FAULTS["checkpoint writes failed (not a directory)"] += 1
+    with pytest.raises(NmtError, match="final checkpoint could not be written"):
+        run(tiny_cfg(sample_dir, "trainer.max_steps=5"), tmp_path)
+    assert "cannot write checkpoint" in caplog.text

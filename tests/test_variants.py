@@ -1,0 +1,55 @@
+"""Every attention, both decoder orders and both cells train and validate (in-process, tiny)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from helpers import REPO, TINY
+from nmt.train import run
+
+VARIANTS = [
+    ["attention=dot"],
+    ["attention=general"],
+    ["attention=concat"],
+    ["attention=bahdanau"],
+    ["decoder=luong"],
+    ["decoder=luong", "decoder.input_feeding=false", "attention=general"],
+    ["encoder.cell=lstm"],
+    ["encoder.cell=lstm", "decoder=luong", "decoder.tie_embeddings=true"],
+    ["trainer.teacher_forcing=0.7"],
+    ["encoder.layers=2", "decoder.layers=2"],
+]
+
+
+def compose_cfg(overrides):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: ",".join(o))
+def test_variant_trains_and_validates(overrides, tmp_path, sample_dir, cache_env):
+    cfg = compose_cfg(
+        [
+            f"data.dir={sample_dir}",
+            *TINY,
+            "trainer.max_steps=6",
+            "trainer.valid_every=1000",
+            "data.valid_max_sentences=10",
+            "data.num_workers=0",
+            *overrides,
+        ]
+    )
+    result = run(cfg, tmp_path)
+    assert result["step"] == 6 and math.isfinite(result["loss"]) and 0 <= result["bleu"] <= 100
+    assert (tmp_path / "checkpoints" / "best.pt").is_file()
+
+
+def test_experiment_presets_compose():
+    for exp in ("cpu_small", "model_r"):
+        cfg = compose_cfg([f"experiment={exp}"])
+        assert cfg.name == exp
+    cfg = compose_cfg(["experiment=cpu_small"])
+    assert cfg.decoder.order == "luong" and cfg.attention.name == "general" and not cfg.decoder.input_feeding
