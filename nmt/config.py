@@ -145,31 +145,47 @@ class TrainConfig:
 
 
 @dataclass
-class TranslateConfig:
+class DecodeConfig:
+    """Search settings shared by nmt.translate and nmt.evaluate (see nmt.search for the formulas)."""
+
     checkpoint: str = MISSING
-    input: str | None = None  # a file; None = stdin
-    output: str | None = None  # a file; None = stdout
-    beam_size: int = 5
+    ensemble: list[str] = field(default_factory=list)  # more checkpoints to decode with, averaging p(y)
+    beam_size: int = 5  # 1 = greedy
+    n_best: int = 1  # translate: print this many hypotheses per line (with scores) when > 1
     length_penalty: float = 1.0  # GNMT alpha; 0 = raw log-probability
-    max_len_ratio: float = 2.0  # hypotheses stop at max_len_ratio * source length + 10 pieces
-    batch_size: int = 64  # lines read per batch from a file (stdin is answered line by line)
+    coverage_penalty: float = 0.0  # GNMT beta; 0 = off
+    max_len_ratio: float = 2.0  # at most max_len_ratio * source length + 10 pieces
+    min_len_ratio: float = 0.0  # no EOS before min_len_ratio * source length pieces
+    no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)
     max_input_len: int = 256  # source pieces kept per line; longer lines are truncated with a warning
     device: str = "auto"
     threads: int = 0
 
 
 @dataclass
-class EvaluateConfig:
-    checkpoint: str = MISSING
+class TranslateConfig(DecodeConfig):
+    input: str | None = None  # a file; None = stdin, answered line by line
+    output: str | None = None  # a file; None = stdout
+    batch_size: int = 64  # lines read per batch from a file
+
+
+@dataclass
+class EvaluateConfig(DecodeConfig):
     input: str = MISSING  # TSV: source in column 1, reference in column 2
-    beam_size: int = 5
-    length_penalty: float = 1.0
-    max_len_ratio: float = 2.0
-    max_input_len: int = 256
     hypotheses: str | None = None  # also write the translations here, one per TSV line
     json: str | None = None  # also write the scores here
-    device: str = "auto"
-    threads: int = 0
+    # A second system to test against (paired bootstrap, sacrebleu): a checkpoint (*.pt, decoded with
+    # the same search settings) or a file of its translations, one per TSV line.
+    baseline: str | None = None
+    bootstrap_samples: int = 1000
+
+
+@dataclass
+class AverageConfig:
+    output: str = MISSING
+    checkpoints: list[str] = field(default_factory=list)  # the files to average, or:
+    run_dir: str | None = None  # average the newest `last` step_N.pt checkpoints of this run
+    last: int = 5
 
 
 def register_configs() -> None:
@@ -178,6 +194,7 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cs.store(name="average_schema", node=AverageConfig)
 
 
 def to_plain(cfg: Any) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import hydra
 import sacrebleu
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, load_pairs
@@ -60,6 +60,26 @@ def score(hyps: list[str], sources: list[str], refs: list[str]) -> dict:
     return out
 
 
+def paired_bootstrap(hyps: list[str], base: list[str], refs: list[str], n_samples: int) -> dict:
+    """sacrebleu's paired bootstrap resampling (Koehn 2004): is the system's BLEU gain over the baseline real?"""
+    from sacrebleu.significance import PairedTest
+
+    test = PairedTest(
+        [("baseline", base), ("system", hyps)], {"BLEU": sacrebleu.BLEU()}, [refs], test_type="bs", n_samples=n_samples
+    )
+    _, results = test()
+    b, s = results["BLEU"]
+    return {
+        "baseline_bleu": round(b.score, 2),
+        "system_bleu": round(s.score, 2),
+        "p_value": s.p_value,
+        "system_mean": round(s.mean, 2),
+        "system_ci95": round(s.ci, 2),
+        "samples": n_samples,
+        "significant_at_0.05": bool(s.p_value is not None and s.p_value < 0.05),
+    }
+
+
 def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
     rows = [
         ("BLEU", s["bleu"], s["bleu_signature"]),
@@ -77,6 +97,13 @@ def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
         "|---|---:|---|",
     ]
     lines += [f"| {n} | {v:.2f} | {sig} |" for n, v, sig in rows]
+    if "paired_bootstrap" in s:
+        pb = s["paired_bootstrap"]
+        lines.append(
+            f"paired bootstrap ({pb['samples']} samples): baseline BLEU {pb['baseline_bleu']:.2f}, system "
+            f"{pb['system_mean']:.2f} ± {pb['system_ci95']:.2f} (95% CI), p = {pb['p_value']:.4f}"
+            f"{' (significant at 0.05)' if pb['significant_at_0.05'] else ' (not significant at 0.05)'}"
+        )
     return "\n".join(lines)
 
 
@@ -85,18 +112,24 @@ def main(cfg: DictConfig) -> None:
     try:
         device = resolve_device(cfg.device)
         pairs = load_pairs(CorpusSpec(cfg.input))
-        tr = load_translator(
-            cfg.checkpoint,
-            device,
-            beam_size=cfg.beam_size,
-            length_penalty=cfg.length_penalty,
-            max_len_ratio=cfg.max_len_ratio,
-            max_input_len=cfg.max_input_len,
-        )
+        tr = load_translator(cfg, device)
         sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
         hyps = [t.text for t in tr.translate(sources)]
         s = score(hyps, sources, refs)
         s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty)
+        if cfg.baseline:
+            if cfg.baseline.endswith(".pt"):
+                base = [
+                    t.text
+                    for t in load_translator(
+                        OmegaConf.merge(cfg, {"checkpoint": cfg.baseline, "ensemble": []}), device
+                    ).translate(sources)
+                ]
+            else:
+                base = Path(cfg.baseline).read_text(encoding="utf-8").splitlines()
+            if len(base) != len(hyps):
+                raise NmtError(f"{cfg.baseline}: {len(base)} lines, expected one per line of {cfg.input} ({len(hyps)})")
+            s["paired_bootstrap"] = paired_bootstrap(hyps, base, refs, cfg.bootstrap_samples)
         print(format_table(cfg.checkpoint, cfg.input, cfg.beam_size, s))
         if cfg.hypotheses:
             Path(cfg.hypotheses).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")

@@ -1,8 +1,19 @@
-"""Greedy and beam search over a ``Seq2Seq``: encode once, then step the decoder.
+"""Beam search over a ``Seq2Seq`` (greedy is beam size 1): encode once, then step the decoder.
 
-Both are batched over sentences (beam search over sentences × beams in one tensor),
-so decoding a test set is a handful of large steps rather than a Python loop per
-sentence.
+Batched over sentences × beams in one tensor, so a test set is decoded in a few large
+steps rather than a Python loop per sentence. Sentences whose search is over leave
+the batch, so the work shrinks as the batch finishes.
+
+Scoring (Wu et al. 2016, GNMT, eq. 14): s(Y, X) = log P(Y|X) / lp(Y) + cp(X; Y) with
+lp(Y) = ((5 + |Y|) / 6)^α and cp = β Σ_i log(min(Σ_j a_ij, 1)) over source positions i;
+|Y| counts the target tokens including EOS.
+
+Stopping rule: a sentence is done when it has ``n_best`` finished hypotheses and none of
+its open beams can still overtake the n_best-th of them. An open beam's log-probability
+can only fall as it grows, and its length penalty is at most lp(max length), so
+open_score / lp(max_len) (coverage penalty ≤ 0 bounded by 0) is an upper bound on any
+hypothesis it can still become. Stopping at the first ``n_best`` finished hypotheses, as
+many toolkits do, is wrong under a length penalty: a longer open beam may still win.
 """
 
 from __future__ import annotations
@@ -12,129 +23,175 @@ from dataclasses import dataclass
 import torch
 
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.models.seq2seq import Seq2Seq
+from nmt.models.seq2seq import Ensemble, Seq2Seq
+
+NEG_INF = float("-inf")
+Searchable = Seq2Seq | Ensemble  # anything with start(src, src_len) and step(y, state)
 
 
 @dataclass
 class Hypothesis:
     tokens: list[int]  # target ids, without BOS/EOS
-    score: float  # log-probability, divided by the length penalty when one is used
-    attention: torch.Tensor | None = None  # [len(tokens) + 1, S] weights, EOS step included
+    score: float  # s(Y, X) above: what hypotheses are ranked by
+    log_prob: float  # log P(Y|X), EOS included
+    attention: torch.Tensor | None = None  # [len(tokens) + 1, S] weights, the EOS step included
 
 
-def length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
-    """GNMT length penalty (Wu et al. 2016, eq. 14): ((5 + |Y|) / 6) ** alpha."""
-    return ((5.0 + length.float()) / 6.0) ** alpha
+@dataclass
+class SearchOptions:
+    beam_size: int = 5
+    n_best: int = 1
+    alpha: float = 1.0  # length penalty exponent (0 = raw log-probability)
+    beta: float = 0.0  # coverage penalty weight (0 = off)
+    max_len_ratio: float = 2.0  # at most max_len_ratio * source length + 10 tokens, EOS included
+    min_len_ratio: float = 0.0  # EOS is blocked before min_len_ratio * source length tokens
+    max_len_cap: int = 0  # absolute cap on generated tokens (0 = none)
+    no_repeat_ngram: int = 0  # block any n-gram of this size from occurring twice (0 = off)
 
 
-def max_lengths(src_len: torch.Tensor, ratio: float, cap: int = 0) -> torch.Tensor:
-    """Per-sentence limit on generated tokens (EOS included): ratio * source length + 10."""
-    lim = (src_len.float() * ratio).long() + 10
-    return lim.clamp(max=cap) if cap else lim
+def length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tensor:
+    """GNMT length penalty ((5 + |Y|) / 6) ** alpha."""
+    return ((5.0 + torch.as_tensor(length, dtype=torch.float)) / 6.0) ** alpha
 
 
-@torch.no_grad()
-def greedy(
-    model: Seq2Seq, src: torch.Tensor, src_len: torch.Tensor, max_len: torch.Tensor, return_attention: bool = False
-) -> list[Hypothesis]:
-    """Argmax decoding; max_len [B] per-sentence limits (see ``max_lengths``)."""
-    B = src.size(0)
-    state = model.start(src, src_len)
-    y = torch.full((B,), BOS, dtype=torch.long, device=src.device)
-    limit = max_len.to(src.device)
-    done = torch.zeros(B, dtype=torch.bool, device=src.device)
-    score = torch.zeros(B, device=src.device)
-    toks, atts = [], []
-    for t in range(int(limit.max())):
-        logits, state, w = model.decoder.step(y, state)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        best, y = logp.max(dim=-1)
-        score += best.masked_fill(done, 0.0)
-        y = y.masked_fill(done, PAD)
-        toks.append(y)
-        if return_attention:
-            atts.append(w)
-        done |= (y == EOS) | (t + 1 >= limit)
-        if bool(done.all()):
-            break
-    out = torch.stack(toks, 1).tolist()  # [B, t]
-    att = torch.stack(atts, 1) if return_attention else None  # [B, t, S]
-    hyps = []
-    for b in range(B):
-        seq = out[b]
-        n = seq.index(EOS) if EOS in seq else len([x for x in seq if x != PAD])
-        a = att[b, : n + 1, : int(src_len[b])].cpu() if att is not None else None
-        hyps.append(Hypothesis(seq[:n], float(score[b]), a))
-    return hyps
+def coverage_penalty(coverage: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """β Σ_i log(min(Σ_j a_ij, 1)) over real source positions; coverage, mask [N, S] → [N]."""
+    if beta == 0.0:
+        return torch.zeros(coverage.size(0), device=coverage.device)
+    pen = torch.log(coverage.clamp(min=1e-6, max=1.0)).masked_fill(~mask, 0.0)
+    return beta * pen.sum(-1)
+
+
+def _block_repeats(logp: torch.Tensor, hist: torch.Tensor, n: int) -> None:
+    """Forbid (in place) tokens that would complete an n-gram already present in a hypothesis."""
+    t = hist.size(1)
+    if n <= 0 or t < n:
+        return
+    windows = hist.unfold(1, n, 1)  # [N, t-n+1, n]
+    prefix = hist[:, t - n + 1 :]  # [N, n-1] the last n-1 tokens
+    match = (windows[:, :, :-1] == prefix.unsqueeze(1)).all(-1)  # [N, t-n+1]
+    rows, cols = match.nonzero(as_tuple=True)
+    logp[rows, windows[rows, cols, -1]] = NEG_INF
 
 
 @torch.no_grad()
 def beam_search(
-    model: Seq2Seq,
+    model: Searchable, src: torch.Tensor, src_len: torch.Tensor, opts: SearchOptions, return_attention: bool = False
+) -> list[list[Hypothesis]]:
+    """n-best lists (best first) for each sentence of the batch; src [B, S], src_len [B]."""
+    B, K, dev = src.size(0), opts.beam_size, src.device
+    if opts.n_best > K:
+        raise ValueError(f"n_best ({opts.n_best}) cannot exceed beam_size ({K})")
+    src_len_d = src_len.to(dev)
+    max_len = (src_len_d.float() * opts.max_len_ratio).long() + 10
+    if opts.max_len_cap:
+        max_len = max_len.clamp(max=opts.max_len_cap)
+    min_len = (src_len_d.float() * opts.min_len_ratio).long().clamp(max=max_len - 1)
+    # One beam is greedy search: with nothing to choose between, a length penalty would only
+    # keep extending the argmax path past its first EOS.
+    alpha, beta = (opts.alpha, opts.beta) if K > 1 else (0.0, 0.0)
+    bound_lp = length_penalty(max_len, alpha).to(dev)  # [B] the largest lp a hypothesis can reach
+
+    state = model.start(src, src_len)
+    active = torch.arange(B, device=dev)  # sentences still searching
+    state = state.index_select(active.repeat_interleave(K))  # [B*K] beams, sentence-major
+    scores = torch.full((B, K), NEG_INF, device=dev)
+    scores[:, 0] = 0.0  # the K beams start identical: keep one alive so the first top-k is distinct
+    y = torch.full((B * K,), BOS, dtype=torch.long, device=dev)
+    hist = torch.empty(B * K, 0, dtype=torch.long, device=dev)
+    src_mask = (src != PAD).repeat_interleave(K, dim=0)  # [N, S]
+    need_att = return_attention or beta > 0
+    coverage = torch.zeros(src_mask.shape, device=dev) if need_att else None
+    att_hist = [] if return_attention else None
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    kth_finished = torch.full((B,), NEG_INF, device=dev)  # score of each sentence's n_best-th finished one
+
+    for t in range(int(max_len.max())):
+        n = active.numel()
+        logits, state, w = model.step(y, state)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [N, V]
+        V = logp.size(1)
+        step_len = t + 1  # tokens including the one chosen now
+        beam_sent = active.repeat_interleave(K)  # [N] original sentence of each beam
+        logp[step_len <= min_len[beam_sent], EOS] = NEG_INF
+        _block_repeats(logp, hist, opts.no_repeat_ngram)
+        at_max = step_len >= max_len[beam_sent]
+        if bool(at_max.any()):  # beams at their limit may only end
+            forced = logp[at_max, EOS].clone()
+            logp[at_max] = NEG_INF
+            logp[at_max, EOS] = forced
+        if need_att:
+            coverage = coverage + w.float()
+            if return_attention:
+                att_hist.append(w.float())
+        cand = (scores.view(-1, 1) + logp).view(n, K * V)
+        top, idx = cand.topk(min(2 * K, K * V), dim=1)  # [n, 2K]
+        origin = torch.arange(n, device=dev).unsqueeze(1) * K + idx // V  # [n, 2K] flat beam index
+        tok = idx % V
+        is_eos = (tok == EOS) & (top > NEG_INF)
+        is_eos[:, K:] = False  # only EOS among the K best candidates finish (standard beam search)
+
+        # Finished hypotheses move out of the beam (host work only for the few that end now).
+        ends = is_eos.nonzero().tolist()
+        if ends:
+            lengths = torch.full((len(ends),), step_len, device=dev)
+            rows = torch.tensor([r for r, _ in ends], device=dev)
+            cols = torch.tensor([c for _, c in ends], device=dev)
+            beams = origin[rows, cols]
+            raw = top[rows, cols]
+            final = raw / length_penalty(lengths, alpha).to(dev)
+            if beta > 0:
+                final = final + coverage_penalty(coverage[beams], src_mask[beams], beta)
+            toks = hist[beams].tolist()
+            atts = torch.stack(att_hist, 1)[beams] if return_attention else None
+            for i, (r, _) in enumerate(ends):
+                b = int(active[r])
+                att = atts[i, :, : int(src_len[b])].cpu() if atts is not None else None
+                finished[b].append(Hypothesis(toks[i], float(final[i]), float(raw[i]), att))
+            for b in {int(active[r]) for r, _ in ends}:
+                if len(finished[b]) >= opts.n_best:
+                    kth_finished[b] = sorted((h.score for h in finished[b]), reverse=True)[opts.n_best - 1]
+
+        # The K best candidates that did not end stay open.
+        open_rank = top.masked_fill(tok == EOS, NEG_INF)  # an EOS candidate never continues
+        keep_vals, keep_pos = open_rank.topk(K, dim=1)  # [n, K]
+        beams = origin.gather(1, keep_pos).view(-1)
+        y = tok.gather(1, keep_pos).view(-1)
+        scores = keep_vals
+        hist = torch.cat([hist.index_select(0, beams), y.unsqueeze(1)], dim=1)
+        if need_att:
+            coverage = coverage.index_select(0, beams)
+            if return_attention:
+                att_hist = [a.index_select(0, beams) for a in att_hist]
+        state = state.index_select(beams)
+        src_mask = src_mask.index_select(0, beams)
+
+        # Done: n_best finished hypotheses, and no open beam can overtake the n_best-th of them
+        # (-inf >= -inf also ends a sentence that has no open beam left).
+        best_open = scores.max(dim=1).values / bound_lp[active]  # [n]
+        done = kth_finished[active] >= best_open
+        keep = ~done
+        if not bool(keep.any()):
+            break
+        if not bool(keep.all()):  # finished sentences leave the batch: later steps do less work
+            active, scores = active[keep], scores[keep]
+            sel = keep.repeat_interleave(K).nonzero(as_tuple=True)[0]
+            y, hist, state, src_mask = y[sel], hist[sel], state.index_select(sel), src_mask[sel]
+            if need_att:
+                coverage = coverage[sel]
+                if return_attention:
+                    att_hist = [a[sel] for a in att_hist]
+
+    return [sorted(f, key=lambda h: h.score, reverse=True)[: opts.n_best] for f in finished]
+
+
+def greedy(
+    model: Searchable,
     src: torch.Tensor,
     src_len: torch.Tensor,
-    max_len: torch.Tensor,
-    beam_size: int = 5,
-    alpha: float = 1.0,
+    max_len_ratio: float = 2.0,
     return_attention: bool = False,
 ) -> list[Hypothesis]:
-    """Beam search over all sentences × beams at once; the best hypothesis per sentence.
-
-    Finished beams stay in the beam with their score frozen (they extend only with PAD at
-    no cost); the search ends when every beam is finished. Final ranking divides the
-    log-probability by the GNMT length penalty with exponent ``alpha``.
-    """
-    if beam_size == 1:
-        return greedy(model, src, src_len, max_len, return_attention)
-    B, K, dev = src.size(0), beam_size, src.device
-    state = model.start(src, src_len)
-    expand = torch.arange(B, device=dev).repeat_interleave(K)  # [B*K]
-    state = state.index_select(expand)
-    limit = max_len.to(dev).repeat_interleave(K)  # [B*K]
-    scores = torch.full((B, K), float("-inf"), device=dev)
-    scores[:, 0] = 0.0  # all beams start identical: keep one alive so the first top-k is distinct
-    scores = scores.view(-1)
-    y = torch.full((B * K,), BOS, dtype=torch.long, device=dev)
-    done = torch.zeros(B * K, dtype=torch.bool, device=dev)
-    length = torch.zeros(B * K, dtype=torch.long, device=dev)
-    hist = torch.empty(B * K, 0, dtype=torch.long, device=dev)
-    att_hist = None
-    base = (torch.arange(B, device=dev) * K).unsqueeze(1)  # [B, 1]
-    for t in range(int(max_len.max())):
-        logits, state, w = model.decoder.step(y, state)
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [B*K, V]
-        V = logp.size(1)
-        # Finished beams may only append PAD, at no cost, so their score stays frozen.
-        logp[done] = float("-inf")
-        logp[done, PAD] = 0.0
-        # Beams at their length limit must end now.
-        at_limit = ~done & (t + 1 >= limit)
-        logp[at_limit] = torch.where(
-            torch.arange(V, device=dev) == EOS, logp[at_limit], torch.tensor(float("-inf"), device=dev)
-        )
-        cand = (scores.unsqueeze(1) + logp).view(B, K * V)
-        top, idx = cand.topk(K, dim=1)  # [B, K]
-        origin = (base + idx // V).view(-1)  # [B*K] beam each new beam extends
-        y = (idx % V).view(-1)
-        scores = top.view(-1)
-        prev_done = done.index_select(0, origin)
-        length = length.index_select(0, origin) + (~prev_done).long()
-        done = prev_done | (y == EOS)
-        hist = torch.cat([hist.index_select(0, origin), y.unsqueeze(1)], dim=1)
-        if return_attention:
-            w = w.index_select(0, origin).unsqueeze(1)
-            att_hist = w if att_hist is None else torch.cat([att_hist.index_select(0, origin), w], 1)
-        state = state.index_select(origin)
-        if bool(done.all()):
-            break
-    final = (scores / length_penalty(length, alpha)).view(B, K)
-    best = final.argmax(dim=1)  # [B]
-    hyps = []
-    seqs = hist.tolist()
-    for b in range(B):
-        i = b * K + int(best[b])
-        seq = seqs[i]
-        n = seq.index(EOS) if EOS in seq else len([x for x in seq if x != PAD])
-        a = att_hist[i, : n + 1, : int(src_len[b])].cpu() if att_hist is not None else None
-        hyps.append(Hypothesis(seq[:n], float(final[b, best[b]]), a))
-    return hyps
+    """Argmax decoding: beam search with one beam (the same code path)."""
+    opts = SearchOptions(beam_size=1, max_len_ratio=max_len_ratio)
+    return [h[0] for h in beam_search(model, src, src_len, opts, return_attention)]

@@ -29,6 +29,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, ConfigError, NmtError
 from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq, nll_loss
+from nmt.search import SearchOptions
 from nmt.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -215,9 +216,8 @@ class Trainer:
         self.valid_tgt_ids = tokenizer.encode_tgt([t for _, t in valid_pairs])
         n_bleu = cfg.data.valid_max_sentences or len(valid_pairs)
         self.bleu_src, self.bleu_ref = valid_src[:n_bleu], [t for _, t in valid_pairs[:n_bleu]]
-        self.translator = Translator(
-            model, tokenizer, device, beam_size=self.t.val_beam_size, max_tokens=4 * cfg.data.max_tokens
-        )
+        search = SearchOptions(beam_size=self.t.val_beam_size)  # what nmt.translate does at that beam size
+        self.translator = Translator(model, tokenizer, device, search, max_tokens=4 * cfg.data.max_tokens)
 
     # ---- checkpoints ----
     def state(self) -> dict:

@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import hydra
 import torch
@@ -22,8 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 from nmt import checkpoint
 from nmt.config import register_configs
 from nmt.data.tokenizer import Tokenizer
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.models.build import build_model
+from nmt.models.seq2seq import Ensemble, Seq2Seq
+from nmt.search import SearchOptions
 from nmt.train import resolve_device
 from nmt.translator import Translator
 
@@ -31,15 +33,39 @@ log = logging.getLogger("nmt.translate")
 register_configs()
 
 
-def load_translator(path: str, device: torch.device, **search) -> Translator:
-    """Rebuild model + tokenizer from a checkpoint alone (no corpus, no cache needed)."""
+def load_model(path: str, device: torch.device) -> tuple[Seq2Seq, Tokenizer]:
+    """Rebuild a model and its tokenizer from a checkpoint alone (no corpus, no cache needed)."""
     ckpt = checkpoint.load(path, map_location=device)
     cfg = OmegaConf.create(ckpt["config"])
     tok = Tokenizer.from_state_dict(ckpt["tokenizer"])
     model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
     model.load_state_dict(ckpt["model"])
-    model.to(device).eval()
-    return Translator(model, tok, device, **search)
+    return model.to(device).eval(), tok
+
+
+def load_translator(cfg: Any, device: torch.device) -> Translator:
+    """The checkpoint (an ensemble when ``cfg.ensemble`` names more) with the search settings of ``cfg``."""
+    model, tok = load_model(cfg.checkpoint, device)
+    if cfg.ensemble:
+        members = [model]
+        for path in cfg.ensemble:
+            m, t = load_model(path, device)
+            if t.state_dict() != tok.state_dict():
+                raise ConfigError(f"ensemble: {path} has another vocabulary than {cfg.checkpoint}")
+            members.append(m)
+        model = Ensemble(members)
+    if cfg.n_best > cfg.beam_size:
+        raise ConfigError(f"n_best={cfg.n_best} needs beam_size >= {cfg.n_best} (got {cfg.beam_size})")
+    search = SearchOptions(
+        beam_size=cfg.beam_size,
+        n_best=cfg.n_best,
+        alpha=cfg.length_penalty,
+        beta=cfg.coverage_penalty,
+        max_len_ratio=cfg.max_len_ratio,
+        min_len_ratio=cfg.min_len_ratio,
+        no_repeat_ngram=cfg.no_repeat_ngram,
+    )
+    return Translator(model, tok, device, search, max_input_len=cfg.max_input_len)
 
 
 # Characters that some tools treat as line ends; never let them into an output line.
@@ -71,7 +97,10 @@ def _flush(tr: Translator, buf: list[str], out: TextIO) -> int:
     if not buf:
         return 0
     for t in tr.translate(buf):
-        out.write(one_line(t.text) + "\n")
+        if tr.search.n_best > 1:  # n-best: "text<TAB>score" lines, a blank line after each input
+            out.write("".join(f"{one_line(text)}\t{score:.4f}\n" for text, score in t.n_best) + "\n")
+        else:
+            out.write(one_line(t.text) + "\n")
     out.flush()
     return len(buf)
 
@@ -84,14 +113,7 @@ def main(cfg: DictConfig) -> None:
             torch.set_num_threads(cfg.threads)
         if cfg.input and not Path(cfg.input).is_file():
             raise NmtError(f"{cfg.input}: input file not found")
-        tr = load_translator(
-            cfg.checkpoint,
-            device,
-            beam_size=cfg.beam_size,
-            length_penalty=cfg.length_penalty,
-            max_len_ratio=cfg.max_len_ratio,
-            max_input_len=cfg.max_input_len,
-        )
+        tr = load_translator(cfg, device)
         with contextlib.ExitStack() as stack:
             # errors="replace": a stray non-UTF-8 byte costs one character, not the run; newline="\n": only
             # \n ends a line (a stray \r inside a line must not make two outputs of one input).

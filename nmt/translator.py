@@ -14,17 +14,18 @@ import torch
 from nmt.data.batching import eval_batches
 from nmt.data.tokenizer import Tokenizer
 from nmt.models.seq2seq import Seq2Seq
-from nmt.search import Hypothesis, beam_search, max_lengths
+from nmt.search import Hypothesis, SearchOptions, beam_search
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Translation:
-    text: str
+    text: str  # the best hypothesis, detokenised
     hypothesis: Hypothesis
     src_pieces: list[str]
     tgt_pieces: list[str]
+    n_best: list[tuple[str, float]]  # (text, score) for each of the n-best, best first
 
 
 class Translator:
@@ -33,14 +34,12 @@ class Translator:
         model: Seq2Seq,
         tokenizer: Tokenizer,
         device: torch.device,
-        beam_size: int = 5,
-        length_penalty: float = 1.0,
-        max_len_ratio: float = 2.0,
+        search: SearchOptions | None = None,
         max_tokens: int = 4000,
         max_input_len: int = 256,
     ):
         self.model, self.tok, self.device = model, tokenizer, device
-        self.beam_size, self.alpha, self.max_len_ratio = beam_size, length_penalty, max_len_ratio
+        self.search = search or SearchOptions()
         self.max_tokens, self.max_input_len = max_tokens, max_input_len
 
     @torch.no_grad()
@@ -55,16 +54,22 @@ class Translator:
         ids = [s[: self.max_input_len] for s in ids]
         keep = [i for i, s in enumerate(ids) if s]
         results: list[Translation | None] = [None] * len(texts)
-        empty = Hypothesis([], 0.0, None)
-        for group, batch in eval_batches([ids[i] for i in keep], None, self.max_tokens):
+        # Beams multiply the batch: keep sentences x beams x length near the budget.
+        budget = max(self.max_tokens // self.search.beam_size, 1)
+        for group, batch in eval_batches([ids[i] for i in keep], None, budget):
             b = batch.to(self.device)
-            lim = max_lengths(b.src_len, self.max_len_ratio)
-            hyps = beam_search(self.model, b.src, b.src_len, lim, self.beam_size, self.alpha, return_attention)
-            texts_out = self.tok.decode_tgt([h.tokens for h in hyps])
-            for j, h, out in zip(group, hyps, texts_out):
+            nbests = beam_search(self.model, b.src, b.src_len, self.search, return_attention)
+            for j, nbest in zip(group, nbests):
                 i = keep[j]
+                texts_out = self.tok.decode_tgt([h.tokens for h in nbest])
+                best = nbest[0]
                 results[i] = Translation(
-                    out, h, self.tok.src.id_to_piece(ids[i]) + ["</s>"], self.tok.tgt_pieces(h.tokens) + ["</s>"]
+                    texts_out[0],
+                    best,
+                    self.tok.src.id_to_piece(ids[i]) + ["</s>"],
+                    self.tok.tgt_pieces(best.tokens) + ["</s>"],
+                    [(t, h.score) for t, h in zip(texts_out, nbest)],
                 )
         self.model.train(was_training)
-        return [r if r is not None else Translation("", empty, [], []) for r in results]
+        empty = Translation("", Hypothesis([], 0.0, 0.0, None), [], [], [("", 0.0)])
+        return [r if r is not None else empty for r in results]

@@ -33,3 +33,15 @@ def cache_env(tmp_path, monkeypatch):
 @pytest.fixture()
 def seeded():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, sample_dir):
+    """A tiny model trained for real through the CLI: (run dir, tokenizer cache, the finished process)."""
+    from helpers import TINY, run_module
+
+    root = tmp_path_factory.mktemp("e2e")
+    run = root / "run"
+    args = [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=120", "trainer.valid_every=40", f"hydra.run.dir={run}"]
+    proc = run_module("nmt.train", args, root / "cache")
+    return run, root / "cache", proc

@@ -5,22 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
-
 from helpers import TINY, run_module
 from nmt import checkpoint
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, sample_dir):
-    root = tmp_path_factory.mktemp("e2e")
-    run = root / "run"
-    proc = run_module(
-        "nmt.train",
-        [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=120", "trainer.valid_every=40", f"hydra.run.dir={run}"],
-        root / "cache",
-    )
-    return run, root / "cache", proc
 
 
 def records(run):
@@ -98,3 +84,39 @@ def test_resume_continues_from_the_saved_step(trained, tmp_path):
 
 def checkpoint_data_dir(run):
     return checkpoint.load(run / "checkpoints" / "last.pt")["config"]["data"]["dir"]
+
+
+def test_average_ensemble_and_bootstrap_clis(trained, tmp_path, sample_dir):
+    run, cache, _ = trained
+    best = f"{run}/checkpoints/best.pt"
+    run_module("nmt.average", [f"output={tmp_path}/avg.pt", f"checkpoints=[{best},{best}]"], cache)
+    src = tmp_path / "in.txt"
+    src.write_text("I like cats.\nWhere is Tom?\n\nIt is raining.\n")
+    outs = {}
+    for name, extra in [
+        ("single", [f"checkpoint={best}"]),
+        ("avg", [f"checkpoint={tmp_path}/avg.pt"]),
+        ("ensemble", [f"checkpoint={best}", f"ensemble=[{best}]"]),
+    ]:
+        run_module("nmt.translate", [*extra, f"input={src}", f"output={tmp_path}/{name}.txt", "beam_size=3"], cache)
+        outs[name] = (tmp_path / f"{name}.txt").read_text()
+    assert outs["single"] == outs["avg"] == outs["ensemble"] and outs["single"].count("\n") == 4
+    args = [f"checkpoint={best}", "beam_size=3", "n_best=3"]
+    nbest = run_module("nmt.translate", args, cache, stdin="I like cats.\n")
+    lines = nbest.stdout.split("\n")
+    assert len(lines[:3]) == 3 and all("\t" in x for x in lines[:3]) and lines[3] == ""
+    js = tmp_path / "cmp.json"
+    run_module(
+        "nmt.evaluate",
+        [
+            f"checkpoint={best}",
+            f"input={sample_dir}/test.tsv",
+            "beam_size=2",
+            f"baseline={best}",
+            "bootstrap_samples=200",
+            f"json={js}",
+        ],
+        cache,
+    )
+    pb = json.loads(js.read_text())["paired_bootstrap"]
+    assert pb["baseline_bleu"] == pb["system_bleu"] and not pb["significant_at_0.05"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +30,38 @@ class Seq2Seq(nn.Module):
     def start(self, src: torch.Tensor, src_len: torch.Tensor) -> DecoderState:
         """Encode once and return the decoder state that search steps from."""
         return self.decoder.init_state(self.encode(src, src_len))
+
+    def step(self, y_prev: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
+        """One search step: y_prev [N] → (logits [N, V], state, attention [N, S])."""
+        return self.decoder.step(y_prev, state)
+
+
+class EnsembleState(list):
+    """One decoder state per member; reordered together along the beam."""
+
+    def index_select(self, idx: torch.Tensor) -> EnsembleState:
+        return EnsembleState(s.index_select(idx) for s in self)
+
+
+class Ensemble(nn.Module):
+    """Several models sharing a vocabulary, searched as one: p(y) = mean of the members' p(y).
+
+    Exposes the ``start``/``step`` pair that search uses, so every search option works with it.
+    """
+
+    def __init__(self, members: list[Seq2Seq]):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def start(self, src: torch.Tensor, src_len: torch.Tensor) -> EnsembleState:
+        return EnsembleState(m.start(src, src_len) for m in self.members)
+
+    def step(self, y_prev: torch.Tensor, state: EnsembleState):
+        outs = [m.step(y_prev, s) for m, s in zip(self.members, state)]
+        logp = torch.stack([torch.log_softmax(lg.float(), -1) for lg, _, _ in outs])  # [M, N, V]
+        mixed = torch.logsumexp(logp, dim=0) - math.log(len(outs))  # log of the mean probability
+        att = torch.stack([w for _, _, w in outs]).mean(0)
+        return mixed, EnsembleState(s for _, s, _ in outs), att
 
 
 def nll_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:

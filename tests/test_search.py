@@ -1,0 +1,151 @@
+"""Beam search: greedy equivalence, never worse than greedy, n-best, length penalty, stopping rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nmt.average import average
+from nmt.data.batching import collate
+from nmt.data.tokenizer import BOS, EOS
+from nmt.models.seq2seq import Ensemble
+from nmt.search import SearchOptions, beam_search, greedy, length_penalty
+from nmt.translate import load_model
+
+A, B_, C = 4, 5, 6  # ordinary tokens of the toy model
+V = 7
+
+
+class ToyState:
+    def index_select(self, idx):
+        return self
+
+
+class Toy:
+    """A 'model' whose next-token distribution depends only on the previous token."""
+
+    def __init__(self, table: dict[int, dict[int, float]]):
+        self.table, self.sizes = table, []
+
+    def start(self, src, src_len):
+        self.S = src.size(1)
+        return ToyState()
+
+    def row(self, prev: int) -> torch.Tensor:
+        probs = torch.full((V,), 1e-6)
+        for tok, p in self.table.get(prev, {EOS: 1.0}).items():
+            probs[tok] = p
+        return torch.log(probs / probs.sum())
+
+    def step(self, y, state):
+        self.sizes.append(y.numel())
+        return torch.stack([self.row(int(t)) for t in y]), state, torch.full((y.numel(), self.S), 1.0 / self.S)
+
+
+def src_batch(lengths=(3,)):
+    return collate([[A] * n for n in lengths], [[A]] * len(lengths))
+
+
+def test_length_penalty_definition():
+    assert float(length_penalty(1, 1.0)) == pytest.approx(1.0)
+    assert float(length_penalty(7, 0.5)) == pytest.approx(math.sqrt(2.0))
+    assert float(length_penalty(10, 0.0)) == 1.0
+
+
+def test_stopping_at_the_first_finished_hypothesis_would_be_wrong():
+    """EOS at step 1 (p=.5) vs A then EOS (p=.5*.9): the longer one wins once lengths are penalised."""
+    toy = Toy({BOS: {EOS: 0.5, A: 0.5}, A: {EOS: 0.9, B_: 0.1}})
+    b = src_batch()
+    short = beam_search(toy, b.src, b.src_len, SearchOptions(beam_size=2, alpha=0.0))[0][0]
+    assert short.tokens == [] and short.score == pytest.approx(math.log(0.5), abs=1e-4)
+    long = beam_search(toy, b.src, b.src_len, SearchOptions(beam_size=2, alpha=1.0))[0][0]
+    assert long.tokens == [A]
+    assert long.score == pytest.approx(math.log(0.45) / ((5 + 2) / 6), abs=1e-4)
+    assert long.log_prob == pytest.approx(math.log(0.45), abs=1e-4)
+
+
+def test_min_length_and_repeat_blocking():
+    toy = Toy({BOS: {EOS: 0.6, A: 0.4}, A: {EOS: 0.5, A: 0.45, B_: 0.05}, B_: {A: 0.9, EOS: 0.1}})
+    b = src_batch((4,))
+    hyp = beam_search(toy, b.src, b.src_len, SearchOptions(beam_size=3, alpha=0.0, min_len_ratio=1.0))[0][0]
+    assert len(hyp.tokens) >= 4  # min length = 1.0 * (4 pieces + EOS) - its EOS
+    hyp = beam_search(
+        toy, b.src, b.src_len, SearchOptions(beam_size=3, alpha=0.0, min_len_ratio=1.5, no_repeat_ngram=2)
+    )[0][0]
+    bigrams = list(zip(hyp.tokens, hyp.tokens[1:]))
+    assert len(bigrams) == len(set(bigrams)) and len(hyp.tokens) >= 7
+
+
+def test_finished_sentences_leave_the_batch():
+    toy = Toy({BOS: {A: 1.0}, A: {A: 1.0}})  # only the length limit ends a sentence
+    b = src_batch((1, 3, 8))
+    out = beam_search(toy, b.src, b.src_len, SearchOptions(beam_size=2, alpha=1.0, max_len_ratio=1.0))
+    assert [len(h[0].tokens) + 1 for h in out] == [12, 14, 19]  # limit: ratio * (n + EOS) + 10
+    assert toy.sizes[0] == 6 and toy.sizes[-1] == 2 and sorted(toy.sizes, reverse=True) == toy.sizes
+
+
+@pytest.fixture(scope="module")
+def trained_model(trained):
+    run, _, _ = trained
+    model, tok = load_model(str(run / "checkpoints" / "best.pt"), torch.device("cpu"))
+    return model, tok, run
+
+
+def sample_batch(tok, sample_dir, n: int = 200):
+    srcs = [line.split("\t")[0] for line in (sample_dir / "test.tsv").read_text().splitlines()][:n]
+    ids = tok.encode_src(srcs)
+    return ids, collate(ids, [[A]] * len(ids))
+
+
+def naive_greedy(model, src_ids: list[int], limit: int) -> list[int]:
+    b = collate([src_ids], [[A]])
+    state = model.start(b.src, b.src_len)
+    y, out = torch.tensor([BOS]), []
+    for _ in range(limit):
+        logits, state, _ = model.step(y, state)
+        y = logits.argmax(-1)
+        if int(y) == EOS:
+            break
+        out.append(int(y))
+    return out
+
+
+def test_beam_one_equals_greedy(trained_model, sample_dir):
+    model, tok, _ = trained_model
+    ids, b = sample_batch(tok, sample_dir, 40)
+    batched = greedy(model, b.src, b.src_len)
+    for i, s in enumerate(ids):
+        limit = int((len(s) + 1) * 2.0) + 10
+        assert batched[i].tokens == naive_greedy(model, s, limit)[: limit - 1], i
+
+
+def test_beam_never_scores_worse_than_greedy_and_nbest_is_sorted(trained_model, sample_dir):
+    model, tok, _ = trained_model
+    _, b = sample_batch(tok, sample_dir)
+    g = greedy(model, b.src, b.src_len)
+    nbest = beam_search(model, b.src, b.src_len, SearchOptions(beam_size=5, n_best=5, alpha=0.0))
+    for i, (gh, hyps) in enumerate(zip(g, nbest)):
+        assert hyps[0].log_prob >= gh.log_prob - 1e-4, i
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True) and len(hyps) == 5
+        assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+
+
+def test_ensemble_of_a_model_with_itself_is_the_model(trained_model, sample_dir):
+    model, tok, _ = trained_model
+    _, b = sample_batch(tok, sample_dir, 30)
+    opts = SearchOptions(beam_size=4)
+    single = beam_search(model, b.src, b.src_len, opts)
+    double = beam_search(Ensemble([model, model]), b.src, b.src_len, opts)
+    for s, d in zip(single, double):
+        assert s[0].tokens == d[0].tokens and s[0].score == pytest.approx(d[0].score, abs=1e-4)
+
+
+def test_averaging_identical_checkpoints_is_the_identity(trained_model):
+    model, _, run = trained_model
+    path = str(run / "checkpoints" / "best.pt")
+    avg = average([path, path])
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(avg["model"][k], v)
