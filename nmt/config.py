@@ -181,6 +181,13 @@ class EvaluateConfig(DecodeConfig):
 
 
 @dataclass
+class ServeConfig(DecodeConfig):
+    host: str = "127.0.0.1"  # loopback: reachable from this machine only
+    port: int = 8000
+    max_chars: int = 500  # longer requests are refused (HTTP 413)
+
+
+@dataclass
 class AverageConfig:
     output: str = MISSING
     checkpoints: list[str] = field(default_factory=list)  # the files to average, or:
@@ -195,6 +202,7 @@ def register_configs() -> None:
     cs.store(name="translate_schema", node=TranslateConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="average_schema", node=AverageConfig)
+    cs.store(name="serve_schema", node=ServeConfig)
 
 
 def to_plain(cfg: Any) -> dict:
