@@ -73,8 +73,12 @@ class EncoderConfig:
 @dataclass
 class AttentionConfig:
     name: str = MISSING  # a key of nmt.models.attention.ATTENTIONS
-    # Width of the scoring MLP for concat/bahdanau (0 = decoder hidden size).
+    # Width of the scoring MLP for concat/bahdanau/coverage/multihead (0 = decoder hidden size).
     dim: int = 0
+    window: int = 5  # local_m / local_p: half-width D of the window (σ = D/2)
+    score: str = "general"  # local_m / local_p: the score used inside the window
+    heads: int = 4  # multihead: number of heads (must divide dim)
+    max_positions: int = 256  # location: longest source it can weigh
 
 
 @dataclass

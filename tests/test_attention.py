@@ -1,6 +1,8 @@
-"""Each score function against a direct re-computation of its formula, and exact masking."""
+"""Each attention against a direct re-computation of its paper formula, and exact masking."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -8,6 +10,8 @@ import torch
 from nmt.models.attention import ATTENTIONS, build_attention
 
 B, T, S, H, K = 3, 4, 6, 8, 8
+GLOBAL = ["dot", "scaled_dot", "general", "concat", "bahdanau", "location"]
+LOCAL = ["local_m", "local_p"]
 
 
 def random_inputs():
@@ -18,11 +22,11 @@ def random_inputs():
     return torch.randn(B, T, H), keys, mask
 
 
-def reference_scores(name: str, attn, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def reference_scores(name: str, attn, q: torch.Tensor, keys: torch.Tensor, cov=None) -> torch.Tensor:
     """Scores [B, T, S] written out element by element from the papers' formulas."""
-    out = torch.empty(B, T, S)
+    out = torch.empty(B, q.size(1), S)
     for b in range(B):
-        for t in range(T):
+        for t in range(q.size(1)):
             for s in range(S):
                 h, a = q[b, t], keys[b, s]
                 if name == "dot":
@@ -37,37 +41,120 @@ def reference_scores(name: str, attn, q: torch.Tensor, keys: torch.Tensor) -> to
                 elif name == "bahdanau":
                     # vᵀ tanh(W1 a + W2 h): W1 = U_a on keys (with bias), W2 = W_a on the state
                     v = attn.v.weight[0] @ torch.tanh(attn.W_k.weight @ a + attn.W_k.bias + attn.W_q.weight @ h)
+                elif name == "location":
+                    v = attn.W.weight[s] @ h + attn.W.bias[s]  # (W_a h_t)_s
+                elif name == "coverage":
+                    u = attn.W_k.weight @ a + attn.W_k.bias + attn.W_q.weight @ h + attn.V.weight[:, 0] * cov[b, s]
+                    v = attn.v.weight[0] @ torch.tanh(u)
                 else:
                     raise AssertionError(f"no reference formula for {name}")
                 out[b, t, s] = v
     return out
 
 
-@pytest.mark.parametrize("name", sorted(ATTENTIONS))
+def masked_softmax(scores, mask):
+    return torch.softmax(scores.masked_fill(~mask.unsqueeze(1), float("-inf")), dim=-1)
+
+
+@pytest.mark.parametrize("name", GLOBAL)
 def test_score_matches_formula(name, seeded):
     q, keys, mask = random_inputs()
     attn = build_attention(name, H, K, dim=5)
     state = attn.prepare(keys, mask)
-    got = attn.score(q, state.proj)
+    got = attn.score(q, state)
     torch.testing.assert_close(got, reference_scores(name, attn, q, keys), rtol=1e-5, atol=1e-5)
     ctx, w = attn(q, state)
-    ref_w = torch.softmax(got.masked_fill(~mask.unsqueeze(1), float("-inf")), dim=-1)
+    ref_w = masked_softmax(got, mask)
     torch.testing.assert_close(w, ref_w)
     torch.testing.assert_close(ctx, torch.einsum("bts,bsk->btk", ref_w, keys))
+
+
+def test_coverage_matches_formula_and_accumulates(seeded):
+    q, keys, mask = random_inputs()
+    attn = build_attention("coverage", H, K, dim=5)
+    state = attn.prepare(keys, mask)
+    total = torch.zeros(B, S)
+    for t in range(T):
+        cov = state.coverage.clone()
+        torch.testing.assert_close(cov, total)
+        scores = attn.score(q[:, t : t + 1], state)
+        torch.testing.assert_close(
+            scores, reference_scores("coverage", attn, q[:, t : t + 1], keys, cov), rtol=1e-5, atol=1e-5
+        )
+        _, w = attn(q[:, t], state)
+        torch.testing.assert_close(w, masked_softmax(scores, mask)[:, 0])
+        state = attn.advance(state, w)
+        total = total + w
+    assert state.t == T
+
+
+@pytest.mark.parametrize("name", LOCAL)
+@torch.no_grad()
+def test_local_weights_match_formula(name, seeded):
+    q, keys, mask = random_inputs()
+    D = 2
+    attn = build_attention(name, H, K, dim=5, window=D, score="general")
+    state = attn.prepare(keys, mask)
+    state.t = 3  # as if three target words were already produced
+    scores = attn.score(q, state)
+    torch.testing.assert_close(scores, reference_scores("general", attn.inner, q, keys))
+    _, w = attn(q, state)
+    src_len = mask.sum(-1)
+    for b in range(B):
+        for t in range(T):
+            if name == "local_m":
+                p = min(3 + t, int(src_len[b]) - 1)
+            else:  # p_t = S · sigmoid(v_pᵀ tanh(W_p h_t))
+                p = float(src_len[b]) * torch.sigmoid(attn.v_p.weight[0] @ torch.tanh(attn.W_p.weight @ q[b, t]))
+            inside = [s for s in range(S) if abs(s - p) <= D and mask[b, s]]
+            soft = torch.softmax(scores[b, t, inside], dim=-1)
+            for s in range(S):
+                expect = 0.0
+                if s in inside:
+                    expect = soft[inside.index(s)] * math.exp(-((s - float(p)) ** 2) / (2 * (D / 2) ** 2))
+                assert float(w[b, t, s]) == pytest.approx(float(expect), abs=1e-6), (b, t, s)
+                if s not in inside:
+                    assert w[b, t, s] == 0.0  # exactly zero outside the window and on padding
+
+
+def test_multihead_matches_formula(seeded):
+    q, keys, mask = random_inputs()
+    heads, dim = 2, 6
+    attn = build_attention("multihead", H, K, dim=dim, heads=heads)
+    ctx, w = attn(q, attn.prepare(keys, mask))
+    d = dim // heads
+    ctx_heads, ws = [], []
+    for h in range(heads):
+        Wq, bq = attn.W_q.weight[h * d : (h + 1) * d], attn.W_q.bias[h * d : (h + 1) * d]
+        Wk = attn.W_k.weight[h * d : (h + 1) * d]
+        e = torch.tanh((q @ Wq.T + bq).unsqueeze(2) + (keys @ Wk.T).unsqueeze(1)) @ attn.v[h]  # [B, T, S]
+        a = masked_softmax(e, mask)
+        ws.append(a)
+        ctx_heads.append(a @ keys)
+    torch.testing.assert_close(ctx, torch.cat(ctx_heads, -1) @ attn.W_o.weight.T)
+    torch.testing.assert_close(w, torch.stack(ws).mean(0))
 
 
 @pytest.mark.parametrize("name", sorted(ATTENTIONS))
 def test_padding_gets_exactly_zero_weight(name, seeded):
     q, keys, mask = random_inputs()
     attn = build_attention(name, H, K)
-    _, w = attn(q, attn.prepare(keys, mask))
+    state = attn.prepare(keys, mask)
+    if attn.parallel:
+        _, w = attn(q, state)
+    else:
+        w = torch.stack([attn(q[:, 0], state)[1]], 1)
     assert torch.all(w[~mask.unsqueeze(1).expand_as(w)] == 0.0)
-    torch.testing.assert_close(w.sum(-1), torch.ones(B, T))
-    assert torch.all(w[2, :, 0] == 1.0)  # a single real position takes all the weight
+    sums = w.sum(-1)
+    if name in LOCAL:  # the Gaussian factor is not renormalised (Luong et al. 2015, eq. 10)
+        assert torch.all(sums <= 1.0 + 1e-6) and torch.all(sums > 0)
+    else:
+        torch.testing.assert_close(sums, torch.ones_like(sums))
+        assert torch.all(w[2, :, 0] == 1.0)  # a single real position takes all the weight
 
 
-@pytest.mark.parametrize("name", sorted(ATTENTIONS))
-def test_one_query_equals_all_queries(name, seeded):
+@pytest.mark.parametrize("name", sorted(n for n, c in ATTENTIONS.items() if c.parallel))
+def test_one_query_at_a_time_equals_all_queries(name, seeded):
     q, keys, mask = random_inputs()
     attn = build_attention(name, H, K)
     state = attn.prepare(keys, mask)
@@ -76,13 +163,15 @@ def test_one_query_equals_all_queries(name, seeded):
         ctx, w = attn(q[:, t], state)
         torch.testing.assert_close(ctx, ctx_all[:, t])
         torch.testing.assert_close(w, w_all[:, t])
+        state = attn.advance(state, w)
 
 
-def test_dot_rejects_mismatched_sizes():
+def test_size_and_option_errors():
     with pytest.raises(ValueError, match="decoder.hidden_size"):
         build_attention("dot", 8, 16)
-
-
-def test_unknown_attention_lists_choices():
     with pytest.raises(ValueError, match="choose one of.*bahdanau"):
         build_attention("bahdnau", 8, 8)
+    with pytest.raises(ValueError, match="attention.score='coverage' cannot score local attention"):
+        build_attention("local_p", 8, 8, score="coverage")
+    with pytest.raises(ValueError, match="must divide"):
+        build_attention("multihead", 8, 8, dim=6, heads=4)

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 
 from nmt.config import TrainConfig
 from nmt.data.batching import collate
+from nmt.models.attention import ATTENTIONS
 from nmt.models.build import build_model
 
 V = 40
@@ -20,6 +21,8 @@ def tiny_model(order: str, cell: str, feed: bool, attention: str = "bahdanau", l
         order=order, emb_size=8, hidden_size=12, layers=layers, dropout=0.0, input_feeding=feed, tie_embeddings=tie
     )
     cfg.attention.name = attention
+    if attention == "dot" or attention == "scaled_dot":
+        cfg.decoder.hidden_size = 2 * cfg.encoder.hidden_size
     return build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V).eval()
 
 
@@ -39,9 +42,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("order,cell,feed", CASES)
-@pytest.mark.parametrize("layers", [1, 2])
-def test_step_equals_full_pass(order, cell, feed, layers, seeded):
-    model = tiny_model(order, cell, feed, layers=layers)
+@pytest.mark.parametrize("attention,layers", [("bahdanau", 2)] + [(a, 1) for a in sorted(ATTENTIONS)])
+def test_step_equals_full_pass(order, cell, feed, attention, layers, seeded):
+    model = tiny_model(order, cell, feed, attention=attention, layers=layers)
     b = random_batch()
     with torch.no_grad():
         full, att_full = model(b.src, b.src_len, b.tgt_in)
@@ -99,6 +102,26 @@ def test_hand_written_cell_matches_torch_cell(cell, seeded):
 def test_tied_embeddings_share_the_matrix():
     model = tiny_model("luong", "gru", feed=True, tie=True)
     assert model.decoder.out.weight is model.decoder.embed.weight
+
+
+@pytest.mark.parametrize("order,cell,feed", CASES)
+@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
+def test_a_tiny_train_step_lowers_the_loss(order, cell, feed, attention, seeded):
+    from nmt.models.seq2seq import nll_loss
+
+    model = tiny_model(order, cell, feed, attention=attention).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    b = random_batch()
+    losses = []
+    for _ in range(3):
+        logits, _ = model(b.src, b.src_len, b.tgt_in)
+        loss = nll_loss(logits, b.tgt_out) / b.n_tgt_tokens
+        opt.zero_grad()
+        loss.backward()
+        assert all(p.grad is not None for n, p in model.named_parameters() if "attention" in n), attention
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
 
 
 @pytest.mark.parametrize("order,cell,feed", CASES)

@@ -35,7 +35,8 @@ def build_model(
         decoder.layers,
         decoder.cell,
     )
-    attn = build_attention(attention.name, decoder.hidden_size, key_size, attention.dim)
+    options = {k: attention[k] for k in ("window", "score", "heads", "max_positions") if k in attention}
+    attn = build_attention(attention.name, decoder.hidden_size, key_size, attention.dim, **options)
     common = dict(
         vocab_size=tgt_vocab,
         emb_size=decoder.emb_size,

@@ -200,7 +200,7 @@ class BahdanauDecoder(Decoder):
     def _core(self, gx_emb: torch.Tensor, state: DecoderState):
         ctx, w = self.attention(top(state.hidden), state.attn)  # [B, K], [B, S]
         hidden = self.rnn_step(gx_emb + self.extra_gates(ctx), state.hidden)
-        return ctx, w, DecoderState(hidden, state.attn)
+        return ctx, w, DecoderState(hidden, self.attention.advance(state.attn, w))
 
     def step(self, y_prev, state):
         emb = self.dropout(self.embed(y_prev))  # [B, E]
@@ -269,7 +269,8 @@ class LuongDecoder(Decoder):
         gx = gx_emb + self.extra_gates(state.feed) if self.input_feeding else gx_emb
         hidden = self.rnn_step(gx, state.hidden)
         att, w = self._attend(top(hidden), state.attn)
-        return att, w, DecoderState(hidden, state.attn, att if self.input_feeding else None)
+        attn = self.attention.advance(state.attn, w)
+        return att, w, DecoderState(hidden, attn, att if self.input_feeding else None)
 
     def step(self, y_prev, state):
         att, w, state = self._core(self.embed_gates(self.dropout(self.embed(y_prev))), state)
@@ -277,14 +278,14 @@ class LuongDecoder(Decoder):
 
     def _teacher_forced(self, tgt_in, enc):
         emb = self.dropout(self.embed(tgt_in))  # [B, T, E]
-        if not self.input_feeding:
+        if not self.input_feeding and self.attention.parallel:
             # Nothing depends on the previous output: one RNN call over all steps, then
             # attention for all steps as batched matrix products.
             h, _ = self.rnn(emb, enc.state)  # [B, T, H]
             att, ws = self._attend(h, self.attention.prepare(enc.keys, enc.mask))
             return self.out(att), ws
         B, T = tgt_in.shape
-        gx = self.embed_gates(emb)
+        gx = self.embed_gates(emb)  # [B, T, G*H], once for all steps
         state = self.init_state(enc)
         atts = emb.new_empty(B, T, self.out_size)
         ws = emb.new_empty(B, T, enc.keys.size(1))

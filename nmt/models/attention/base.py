@@ -4,11 +4,14 @@
 does not depend on the decoder state), so the per-step cost is one query projection
 and one batched product. ``forward`` takes one query ``[B, H]`` (step-by-step search
 and step-loop decoders) or all queries ``[B, T, H]`` (the one-call decoder path).
+``advance`` moves the state past a step: it counts the target position (local-m
+attention needs it) and accumulates coverage (coverage models need it); attentions
+that need neither return the state untouched.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -19,20 +22,29 @@ class AttentionState:
     keys: torch.Tensor  # [B, S, K] encoder outputs; also the values the context is built from
     proj: torch.Tensor  # [B, S, *] keys after the score's key-side projection
     mask: torch.Tensor  # [B, S] True at real (non-pad) positions
+    t: int = 0  # target position of the next query
+    coverage: torch.Tensor | None = None  # [B, S] attention received so far (coverage models only)
 
     def index_select(self, idx: torch.Tensor) -> AttentionState:
         """Reorder/expand along the batch (beam search)."""
-        return AttentionState(
-            self.keys.index_select(0, idx), self.proj.index_select(0, idx), self.mask.index_select(0, idx)
-        )
+        cov = None if self.coverage is None else self.coverage.index_select(0, idx)
+        return AttentionState(self.keys.index_select(0, idx), self.proj.index_select(0, idx),
+                              self.mask.index_select(0, idx), self.t, cov)
+
+    @property
+    def src_len(self) -> torch.Tensor:
+        return self.mask.sum(-1)  # [B]
 
 
 class Attention(nn.Module):
-    """Base class: subclasses define ``project_keys`` and ``score``; masking and softmax live here.
+    """Base class: subclasses define ``score`` (and ``project_keys``); masking and softmax live here.
 
     Args of every subclass: ``query_size`` (decoder state width H), ``key_size`` (encoder
     output width K), ``dim`` (width of a scoring MLP, where the score has one).
     """
+
+    parallel = True  # all target positions can be scored at once (False: step t needs step t-1's weights)
+    tracks_coverage = False
 
     def __init__(self, query_size: int, key_size: int, dim: int):
         super().__init__()
@@ -42,22 +54,37 @@ class Attention(nn.Module):
         """[B, S, K] → [B, S, *]: the key-side part of the score, computed once per batch."""
         return keys
 
-    def score(self, query: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
-        """query [B, T, H], proj [B, S, *] → unnormalised scores [B, T, S]."""
+    def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
+        """query [B, T, H] → unnormalised scores [B, T, S]."""
         raise NotImplementedError
 
+    def normalize(self, scores: torch.Tensor, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
+        """Scores [B, T, S] → weights; padding gets exactly 0 (-inf before the softmax, not a big negative)."""
+        scores = scores.masked_fill(~state.mask.unsqueeze(1), float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(state.keys.dtype)
+
+    def context(self, weights: torch.Tensor, state: AttentionState) -> torch.Tensor:
+        """weights [B, T, S] → context [B, T, K]."""
+        return torch.bmm(weights, state.keys)
+
     def prepare(self, keys: torch.Tensor, mask: torch.Tensor) -> AttentionState:
-        return AttentionState(keys, self.project_keys(keys), mask)
+        cov = keys.new_zeros(mask.shape) if self.tracks_coverage else None
+        return AttentionState(keys, self.project_keys(keys), mask, 0, cov)
 
     def forward(self, query: torch.Tensor, state: AttentionState) -> tuple[torch.Tensor, torch.Tensor]:
         """query [B, H] or [B, T, H] → (context [B, (T,) K], weights [B, (T,) S])."""
         single = query.dim() == 2
         q = query.unsqueeze(1) if single else query  # [B, T, H]
-        scores = self.score(q, state.proj)  # [B, T, S]
-        # Fill with -inf, not a large negative number: padded positions then get exactly 0 weight.
-        scores = scores.masked_fill(~state.mask.unsqueeze(1), float("-inf"))
-        weights = torch.softmax(scores.float(), dim=-1).to(state.keys.dtype)  # [B, T, S]
-        context = torch.bmm(weights, state.keys)  # [B, T, K]
+        weights = self.normalize(self.score(q, state), q, state)  # [B, T, S]
+        context = self.context(weights, state)
         if single:
             return context.squeeze(1), weights.squeeze(1)
         return context, weights
+
+    def advance(self, state: AttentionState, weights: torch.Tensor) -> AttentionState:
+        """The state after the step(s) that produced ``weights`` ([B, S] or [B, T, S])."""
+        steps = 1 if weights.dim() == 2 else weights.size(1)
+        if state.coverage is None:
+            return replace(state, t=state.t + steps)
+        received = weights if weights.dim() == 2 else weights.sum(1)
+        return replace(state, t=state.t + steps, coverage=state.coverage + received)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from nmt.errors import ConfigError
@@ -19,8 +20,14 @@ def register(name: str) -> Callable[[type], type]:
     return wrap
 
 
-def build_attention(name: str, query_size: int, key_size: int, dim: int = 0):
-    """The registered class for ``name``; ``dim`` 0 means the query (decoder) size."""
+def build_attention(name: str, query_size: int, key_size: int, dim: int = 0, **options):
+    """The registered class for ``name``; ``dim`` 0 means the query (decoder) size.
+
+    ``options`` (window, score, heads, max_positions, ...) go to the classes whose
+    constructor takes them; the others ignore them.
+    """
     if name not in ATTENTIONS:
         raise ConfigError(f"attention.name={name!r} is unknown; choose one of {sorted(ATTENTIONS)}")
-    return ATTENTIONS[name](query_size, key_size, dim or query_size)
+    cls = ATTENTIONS[name]
+    accepted = inspect.signature(cls.__init__).parameters
+    return cls(query_size, key_size, dim or query_size, **{k: v for k, v in options.items() if k in accepted})

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from nmt.errors import ConfigError
-from nmt.models.attention.base import Attention
+from nmt.models.attention.base import Attention, AttentionState
 from nmt.models.attention.registry import register
 
 
@@ -27,16 +27,16 @@ class DotAttention(Attention):
                 f"({key_size}); use attention=general, which learns the mapping"
             )
 
-    def score(self, query: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(query, proj.transpose(1, 2))  # [B, T, S]
+    def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
+        return torch.bmm(query, state.proj.transpose(1, 2))  # [B, T, S]
 
 
 @register("scaled_dot")
 class ScaledDotAttention(DotAttention):
     """Dot score scaled by 1/sqrt(H) (Vaswani et al. 2017, eq. 1), keeps softmax unsaturated."""
 
-    def score(self, query: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
-        return super().score(query, proj) / math.sqrt(self.query_size)
+    def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
+        return super().score(query, state) / math.sqrt(self.query_size)
 
 
 @register("general")
@@ -53,8 +53,8 @@ class GeneralAttention(Attention):
     def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
         return self.W(keys)  # [B, S, H]
 
-    def score(self, query: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(query, proj.transpose(1, 2))
+    def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
+        return torch.bmm(query, state.proj.transpose(1, 2))
 
 
 class _AdditiveScore(Attention):
@@ -75,9 +75,9 @@ class _AdditiveScore(Attention):
     def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
         return self.W_k(keys)  # [B, S, D]
 
-    def score(self, query: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
+    def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
         q = self.W_q(query)  # [B, T, D]
-        return self.v(torch.tanh(q.unsqueeze(2) + proj.unsqueeze(1))).squeeze(-1)  # [B, T, S]
+        return self.v(torch.tanh(q.unsqueeze(2) + state.proj.unsqueeze(1))).squeeze(-1)  # [B, T, S]
 
 
 @register("concat")
