@@ -322,11 +322,11 @@ class Trainer:
             self.sched.step()
         return loss_sum.detach()
 
-    def _done(self, p: Progress, started: float) -> str | None:
+    def _done(self, p: Progress) -> str | None:
         t = self.t
         if t.max_steps and p.step >= t.max_steps:
             return f"reached trainer.max_steps={t.max_steps}"
-        if t.max_minutes and p.elapsed_s + time.monotonic() - started >= 60 * t.max_minutes:
+        if t.max_minutes and p.elapsed_s >= 60 * t.max_minutes:  # elapsed_s is updated after every step
             return f"reached trainer.max_minutes={t.max_minutes}"
         if t.patience and p.bad_validations >= t.patience:
             return f"no BLEU gain in {t.patience} validations (trainer.patience)"
@@ -340,7 +340,7 @@ class Trainer:
         self.model.train()
         started, elapsed_at_start = time.monotonic(), p.elapsed_s
         since_log, since_valid = Window(self.device), Window(self.device)
-        reason = self._done(p, started)
+        reason = self._done(p)
         bar = tqdm(
             total=t.max_steps or None,
             initial=p.step,
@@ -383,13 +383,13 @@ class Trainer:
                     since_log = Window(self.device)
                 if stop.signum is not None:
                     break
-                reason = self._done(p, started)
+                reason = self._done(p)
                 if reason is None and p.step % t.valid_every == 0:
                     v0 = time.monotonic()
                     last = self._validate_and_save(since_valid)
                     since_valid = Window(self.device)
                     since_log.paused += time.monotonic() - v0
-                    reason = self._done(p, started)
+                    reason = self._done(p)
             bar.close()
             if stop.signum is not None:
                 path = self.save("last.pt")

@@ -53,3 +53,10 @@ def test_experiment_presets_compose():
         assert cfg.name == exp
     cfg = compose_cfg(["experiment=cpu_small"])
     assert cfg.decoder.order == "luong" and cfg.attention.name == "general" and not cfg.decoder.input_feeding
+
+
+def test_wall_clock_budget_stops_training_on_time(tmp_path, sample_dir, cache_env):
+    cfg = compose_cfg([f"data.dir={sample_dir}", *TINY, "trainer.max_minutes=0.1", "trainer.valid_every=100000",
+                       "data.valid_max_sentences=5", "data.num_workers=0"])
+    result = run(cfg, tmp_path)
+    assert 6.0 <= result["elapsed_s"] < 12.0  # 0.1 minutes, plus at most one more step
