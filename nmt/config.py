@@ -124,6 +124,7 @@ class TrainerConfig:
     amp: str = "bf16"  # none | bf16 | fp16; autocast on CUDA only
     valid_every: int = 1000  # steps
     val_beam_size: int = 1
+    plot_attention: int = 3  # heatmaps of the first N validation sentences at every validation (0 = off)
     patience: int = 5  # stop after this many validations without a BLEU gain (0 = never)
     log_every: int = 100
     resume: bool = False
@@ -171,6 +172,8 @@ class TranslateConfig(DecodeConfig):
     input: str | None = None  # a file; None = stdin, answered line by line
     output: str | None = None  # a file; None = stdout
     batch_size: int = 64  # lines read per batch from a file
+    attention_plot: str | None = None  # a folder: one heatmap PNG per translated line (00000.png, ...)
+    attention_out: str | None = None  # a file: the attention matrices as JSON lines
 
 
 @dataclass

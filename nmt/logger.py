@@ -77,6 +77,13 @@ class RunLogger:
         if self.run is not None:
             self.run.log(record, step=step)
 
+    def log_images(self, images: dict[str, Path], step: int) -> None:
+        """PNG files (already saved in the run directory) → wandb, when it is on."""
+        if self.run is not None and images:
+            import wandb
+
+            self.run.log({k: wandb.Image(str(v)) for k, v in images.items()}, step=step)
+
     def finish(self) -> None:
         if self.run is not None:
             self.run.finish()

@@ -29,6 +29,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, ConfigError, NmtError
 from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq, nll_loss
+from nmt.plots import heatmap
 from nmt.search import SearchOptions
 from nmt.translator import Translator
 
@@ -450,8 +451,29 @@ class Trainer:
             "  (best)" if improved else "",
             v["example"],
         )
+        self.logger.log_images(self.plot_attention(), step=p.step)
         self.save("last.pt")
         if improved:
             self.save("best.pt")
         self._keep_step_checkpoint()
         return record
+
+    def plot_attention(self) -> dict[str, Path]:
+        """Heatmaps of a few fixed validation sentences, saved under run_dir/attention/ (and sent to wandb)."""
+        n = min(self.t.plot_attention, len(self.bleu_src))
+        if n <= 0:
+            return {}
+        out = self.run_dir / "attention"
+        out.mkdir(exist_ok=True)
+        images = {}
+        for k, tr in enumerate(self.translator.translate(self.bleu_src[:n], return_attention=True)):
+            if tr.hypothesis.attention is not None:
+                path = out / f"step{self.progress.step:07d}_sent{k}.png"
+                images[f"attention/sent{k}"] = heatmap(
+                    tr.hypothesis.attention,
+                    tr.src_pieces,
+                    tr.tgt_pieces,
+                    path,
+                    title=f"step {self.progress.step}: {tr.text[:60]}",
+                )
+        return images

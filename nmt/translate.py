@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,9 +27,10 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
 from nmt.models.build import build_model
 from nmt.models.seq2seq import Ensemble, Seq2Seq
+from nmt.plots import heatmap
 from nmt.search import SearchOptions
 from nmt.train import resolve_device
-from nmt.translator import Translator
+from nmt.translator import Translation, Translator
 
 log = logging.getLogger("nmt.translate")
 register_configs()
@@ -82,27 +85,51 @@ def read_lines(f: TextIO) -> Iterator[str]:
         yield line.rstrip("\n").rstrip("\r")
 
 
-def translate_stream(tr: Translator, lines: Iterator[str], out: TextIO, batch_size: int, interactive: bool) -> int:
+@dataclass
+class Sink:
+    """Where each translated line goes: the text output, and optionally attention plots / matrices."""
+
+    out: TextIO
+    n_best: int = 1
+    plot_dir: Path | None = None
+    attention_out: TextIO | None = None
+    line: int = 0  # lines written so far (0-based index of the next input line)
+
+    @property
+    def wants_attention(self) -> bool:
+        return self.plot_dir is not None or self.attention_out is not None
+
+    def write(self, t: Translation) -> None:
+        if self.n_best > 1:  # n-best: "text<TAB>score" lines, a blank line after each input
+            self.out.write("".join(f"{one_line(text)}\t{score:.4f}\n" for text, score in t.n_best) + "\n")
+        else:
+            self.out.write(one_line(t.text) + "\n")
+        att = t.hypothesis.attention
+        if att is not None and self.plot_dir is not None:
+            heatmap(att, t.src_pieces, t.tgt_pieces, self.plot_dir / f"{self.line:05d}.png", title=t.text[:80])
+        if att is not None and self.attention_out is not None:
+            record = {"line": self.line, "src": t.src_pieces, "tgt": t.tgt_pieces, "attention": att.tolist()}
+            self.attention_out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.line += 1
+
+
+def translate_stream(tr: Translator, lines: Iterator[str], sink: Sink, batch_size: int, interactive: bool) -> int:
     """Translate in batches (or line by line when interactive); returns the number of lines."""
-    n, buf = 0, []
+    buf: list[str] = []
     for line in lines:
         buf.append(line)
         if interactive or len(buf) >= batch_size:
-            n += _flush(tr, buf, out)
+            _flush(tr, buf, sink)
             buf = []
-    return n + _flush(tr, buf, out)
+    _flush(tr, buf, sink)
+    return sink.line
 
 
-def _flush(tr: Translator, buf: list[str], out: TextIO) -> int:
-    if not buf:
-        return 0
-    for t in tr.translate(buf):
-        if tr.search.n_best > 1:  # n-best: "text<TAB>score" lines, a blank line after each input
-            out.write("".join(f"{one_line(text)}\t{score:.4f}\n" for text, score in t.n_best) + "\n")
-        else:
-            out.write(one_line(t.text) + "\n")
-    out.flush()
-    return len(buf)
+def _flush(tr: Translator, buf: list[str], sink: Sink) -> None:
+    if buf:
+        for t in tr.translate(buf, return_attention=sink.wants_attention):
+            sink.write(t)
+        sink.out.flush()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="translate")
@@ -123,7 +150,13 @@ def main(cfg: DictConfig) -> None:
                 else io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
             )
             out = stack.enter_context(open(cfg.output, "w", encoding="utf-8")) if cfg.output else sys.stdout
-            n = translate_stream(tr, read_lines(src), out, cfg.batch_size, interactive=cfg.input is None)
+            sink = Sink(out, cfg.n_best)
+            if cfg.attention_plot:
+                sink.plot_dir = Path(cfg.attention_plot)
+                sink.plot_dir.mkdir(parents=True, exist_ok=True)
+            if cfg.attention_out:
+                sink.attention_out = stack.enter_context(open(cfg.attention_out, "w", encoding="utf-8"))
+            n = translate_stream(tr, read_lines(src), sink, cfg.batch_size, interactive=cfg.input is None)
         log.info("translated %d lines%s", n, f" into {cfg.output}" if cfg.output else "")
     except NmtError as e:
         log.error("%s", e)

@@ -26,6 +26,8 @@ def test_training_writes_checkpoints_metrics_and_the_loss_falls(trained):
     ckpt = checkpoint.load(run / "checkpoints" / "last.pt")
     assert ckpt["progress"]["step"] == 120 and ckpt["config"]["trainer"]["max_steps"] == 120
     assert "stopping: reached trainer.max_steps=120" in proc.stderr
+    plots = sorted((run / "attention").glob("*.png"))  # 3 sentences at each of the 3 validations
+    assert len(plots) == 9 and all(p.stat().st_size > 2000 for p in plots)
 
 
 def test_translate_cli_gives_one_line_per_input_line(trained, tmp_path):
@@ -120,3 +122,23 @@ def test_average_ensemble_and_bootstrap_clis(trained, tmp_path, sample_dir):
     )
     pb = json.loads(js.read_text())["paired_bootstrap"]
     assert pb["baseline_bleu"] == pb["system_bleu"] and not pb["significant_at_0.05"]
+
+
+def test_translate_writes_attention_plots_and_matrices(trained, tmp_path):
+    run, cache, _ = trained
+    src = tmp_path / "in.txt"
+    src.write_text("I like cats.\n\nWhere is Tom?\n")
+    args = [
+        f"checkpoint={run}/checkpoints/best.pt",
+        f"input={src}",
+        f"output={tmp_path}/out.txt",
+        f"attention_plot={tmp_path}/plots",
+        f"attention_out={tmp_path}/att.jsonl",
+    ]
+    run_module("nmt.translate", args, cache)
+    assert sorted(p.name for p in (tmp_path / "plots").glob("*.png")) == ["00000.png", "00002.png"]
+    assert all(p.stat().st_size > 2000 for p in (tmp_path / "plots").glob("*.png"))
+    recs = [json.loads(x) for x in (tmp_path / "att.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in recs] == [0, 2]
+    for r in recs:
+        assert len(r["attention"]) == len(r["tgt"]) and all(len(row) == len(r["src"]) for row in r["attention"])

@@ -48,15 +48,56 @@ def test_variant_trains_and_validates(overrides, tmp_path, sample_dir, cache_env
 
 
 def test_experiment_presets_compose():
-    for exp in ("cpu_small", "model_r"):
+    for exp in ("cpu_small", "model_r", "bahdanau2015", "luong2015", "attention_zoo"):
         cfg = compose_cfg([f"experiment={exp}"])
         assert cfg.name == exp
+    cfg = compose_cfg(["experiment=luong2015"])
+    assert cfg.encoder.cell == "lstm" and cfg.decoder.input_feeding and cfg.decoder.order == "luong"
+    cfg = compose_cfg(["experiment=bahdanau2015"])
+    assert cfg.decoder.order == "bahdanau" and cfg.attention.name == "bahdanau" and cfg.encoder.cell == "gru"
     cfg = compose_cfg(["experiment=cpu_small"])
     assert cfg.decoder.order == "luong" and cfg.attention.name == "general" and not cfg.decoder.input_feeding
 
 
 def test_wall_clock_budget_stops_training_on_time(tmp_path, sample_dir, cache_env):
-    cfg = compose_cfg([f"data.dir={sample_dir}", *TINY, "trainer.max_minutes=0.1", "trainer.valid_every=100000",
-                       "data.valid_max_sentences=5", "data.num_workers=0"])
+    cfg = compose_cfg(
+        [
+            f"data.dir={sample_dir}",
+            *TINY,
+            "trainer.max_minutes=0.1",
+            "trainer.valid_every=100000",
+            "data.valid_max_sentences=5",
+            "data.num_workers=0",
+        ]
+    )
     result = run(cfg, tmp_path)
     assert 6.0 <= result["elapsed_s"] < 12.0  # 0.1 minutes, plus at most one more step
+
+
+def test_report_over_a_small_sweep(tmp_path, sample_dir, cache_env):
+    from omegaconf import OmegaConf
+
+    from nmt.report import write_report
+
+    sweep = tmp_path / "sweep"
+    for name in ("dot", "local_p"):
+        job = sweep / name
+        cfg = compose_cfg(
+            [
+                f"data.dir={sample_dir}",
+                *TINY,
+                "trainer.max_steps=4",
+                "trainer.valid_every=1000",
+                "data.valid_max_sentences=5",
+                "data.num_workers=0",
+                f"attention={name}",
+            ]
+        )
+        run(cfg, job)
+        (job / ".hydra").mkdir()
+        OmegaConf.save(cfg, job / ".hydra" / "config.yaml")
+    md, png = write_report(sweep, "I like cats.")
+    text = md.read_text()
+    assert "| dot | luong" not in text and "| dot | bahdanau |" in text and "| local_p | bahdanau |" in text
+    assert "Luong et al. 2015 §3.2 local-p" in text  # the formula comes from configs/attention/local_p.yaml
+    assert png.stat().st_size > 10_000

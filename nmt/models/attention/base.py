@@ -28,8 +28,9 @@ class AttentionState:
     def index_select(self, idx: torch.Tensor) -> AttentionState:
         """Reorder/expand along the batch (beam search)."""
         cov = None if self.coverage is None else self.coverage.index_select(0, idx)
-        return AttentionState(self.keys.index_select(0, idx), self.proj.index_select(0, idx),
-                              self.mask.index_select(0, idx), self.t, cov)
+        return AttentionState(
+            self.keys.index_select(0, idx), self.proj.index_select(0, idx), self.mask.index_select(0, idx), self.t, cov
+        )
 
     @property
     def src_len(self) -> torch.Tensor:

@@ -1,0 +1,116 @@
+"""``python -m nmt.report MULTIRUN_DIR [--sentence TEXT]``: compare the jobs of a sweep.
+
+Reads each job's ``.hydra/config.yaml``, ``metrics.jsonl`` and ``checkpoints/best.pt`` and writes
+``report.md`` (BLEU, chrF, tokens/s, parameters, wall time and the formula of each variant)
+and ``report.png`` (BLEU per variant, and one sentence's attention under every variant) into
+the sweep directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from nmt.plots import grid
+from nmt.search import SearchOptions
+from nmt.translate import load_model
+from nmt.translator import Translator
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "attention"
+
+
+def formula(name: str) -> str:
+    """The first comment line of configs/attention/NAME.yaml: where each variant's formula is written."""
+    path = CONFIGS / f"{name}.yaml"
+    if not path.is_file():
+        return ""
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    return first.lstrip("# ").strip()
+
+
+def collect(sweep: Path) -> list[dict]:
+    jobs = []
+    for cfg_file in sorted(sweep.glob("*/.hydra/config.yaml")):
+        job = cfg_file.parent.parent
+        metrics = job / "metrics.jsonl"
+        best = job / "checkpoints" / "best.pt"
+        if not metrics.is_file() or not best.is_file():
+            continue
+        cfg = OmegaConf.load(cfg_file)
+        records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        last = records[-1]
+        name = cfg.attention.name
+        jobs.append(
+            {
+                "job": job.name,
+                "attention": name,
+                "order": cfg.decoder.order,
+                "cell": cfg.encoder.cell,
+                "bleu": max(r["bleu"] for r in records),
+                "chrf": max(r["chrf"] for r in records),
+                "tgt_tokens_per_s": sum(r["tgt_tokens_per_s"] for r in records) / len(records),
+                "steps": last["step"],
+                "minutes": last["elapsed_s"] / 60,
+                "checkpoint": str(best),
+                "formula": formula(name),
+            }
+        )
+    return jobs
+
+
+def write_report(sweep: Path, sentence: str) -> tuple[Path, Path]:
+    jobs = collect(sweep)
+    if not jobs:
+        raise SystemExit(f"{sweep}: no finished jobs (*/.hydra/config.yaml with metrics.jsonl and checkpoints/best.pt)")
+    jobs.sort(key=lambda j: -j["bleu"])
+    panels = []
+    for j in jobs:
+        model, tok = load_model(j["checkpoint"], torch.device("cpu"))
+        j["params"] = sum(p.numel() for p in model.parameters())
+        tr = Translator(model, tok, torch.device("cpu"), SearchOptions(beam_size=1))
+        t = tr.translate([sentence], return_attention=True)[0]
+        j["example"] = t.text
+        panels.append((f"{j['attention']} ({j['bleu']:.1f} BLEU)", t.hypothesis.attention, t.src_pieces, t.tgt_pieces))
+
+    bars = ([j["attention"] for j in jobs], [j["bleu"] for j in jobs], "valid BLEU")
+    png = grid(panels, sweep / "report.png", bars=bars)
+
+    lines = [
+        f"# Attention comparison: `{sweep}`",
+        "",
+        f"Example sentence for the heatmaps: “{sentence}”. BLEU/chrF: best validation of the run "
+        "(sacrebleu, greedy, detokenised); tokens/s: mean training target tokens per second.",
+        "",
+        "| attention | order | BLEU | chrF | tgt tok/s | params | steps | minutes | formula |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for j in jobs:
+        lines.append(
+            f"| {j['attention']} | {j['order']} | {j['bleu']:.2f} | {j['chrf']:.2f} | "
+            f"{j['tgt_tokens_per_s']:,.0f} | {j['params']:,} | {j['steps']} | {j['minutes']:.1f} | "
+            f"{j['formula']} |"
+        )
+    lines += ["", "Translations of the example sentence:", ""]
+    lines += [f"- **{j['attention']}**: {j['example']}" for j in jobs]
+    lines += ["", f"![BLEU per attention, and the example's attention under each]({png.name})", ""]
+    md = sweep / "report.md"
+    md.write_text("\n".join(lines), encoding="utf-8")
+    (sweep / "report.json").write_text(json.dumps(jobs, indent=1))
+    return md, png
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweep", type=Path, help="a multirun directory (one subfolder per job)")
+    ap.add_argument("--sentence", default="The book is on the table.")
+    args = ap.parse_args()
+    md, png = write_report(args.sweep, args.sentence)
+    print(f"wrote {md} and {png}")
+
+
+if __name__ == "__main__":
+    main()
