@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.errors import NmtError
-from nmt.train import resolve_device
 from nmt.translate import load_translator
 
 log = logging.getLogger("nmt.evaluate")
@@ -110,21 +109,16 @@ def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     try:
-        device = resolve_device(cfg.device)
         pairs = load_pairs(CorpusSpec(cfg.input))
-        tr = load_translator(cfg, device)
+        tr = load_translator(cfg)
         sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
         hyps = [t.text for t in tr.translate(sources)]
         s = score(hyps, sources, refs)
         s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty)
         if cfg.baseline:
             if cfg.baseline.endswith(".pt"):
-                base = [
-                    t.text
-                    for t in load_translator(
-                        OmegaConf.merge(cfg, {"checkpoint": cfg.baseline, "ensemble": []}), device
-                    ).translate(sources)
-                ]
+                base_tr = load_translator(OmegaConf.merge(cfg, {"checkpoint": cfg.baseline, "ensemble": []}))
+                base = [t.text for t in base_tr.translate(sources)]
             else:
                 base = Path(cfg.baseline).read_text(encoding="utf-8").splitlines()
             if len(base) != len(hyps):

@@ -14,13 +14,11 @@ import sys
 from importlib import resources
 
 import hydra
-import torch
 from flask import Flask, Response, jsonify, request
 from omegaconf import DictConfig
 
 from nmt.config import register_configs
 from nmt.errors import NmtError
-from nmt.train import resolve_device
 from nmt.translate import load_translator
 from nmt.translator import Translator
 
@@ -64,10 +62,7 @@ def create_app(translator: Translator, max_chars: int) -> Flask:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="serve")
 def main(cfg: DictConfig) -> None:
     try:
-        device = resolve_device(cfg.device)
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        app = create_app(load_translator(cfg, device), cfg.max_chars)
+        app = create_app(load_translator(cfg), cfg.max_chars)
     except NmtError as e:
         log.error("%s", e)
         sys.exit(2)

@@ -46,8 +46,12 @@ def load_model(path: str, device: torch.device) -> tuple[Seq2Seq, Tokenizer]:
     return model.to(device).eval(), tok
 
 
-def load_translator(cfg: Any, device: torch.device) -> Translator:
-    """The checkpoint (an ensemble when ``cfg.ensemble`` names more) with the search settings of ``cfg``."""
+def load_translator(cfg: Any) -> Translator:
+    """The checkpoint (an ensemble when ``cfg.ensemble`` names more) on ``cfg.device`` with the search
+    settings of ``cfg`` (a DecodeConfig: translate, evaluate and serve share it)."""
+    device = resolve_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     model, tok = load_model(cfg.checkpoint, device)
     if cfg.ensemble:
         members = [model]
@@ -135,12 +139,9 @@ def _flush(tr: Translator, buf: list[str], sink: Sink) -> None:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="translate")
 def main(cfg: DictConfig) -> None:
     try:
-        device = resolve_device(cfg.device)
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
         if cfg.input and not Path(cfg.input).is_file():
             raise NmtError(f"{cfg.input}: input file not found")
-        tr = load_translator(cfg, device)
+        tr = load_translator(cfg)
         with contextlib.ExitStack() as stack:
             # errors="replace": a stray non-UTF-8 byte costs one character, not the run; newline="\n": only
             # \n ends a line (a stray \r inside a line must not make two outputs of one input).

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,3 +68,17 @@ def popen_module(module: str, args: list[str], cache: Path) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def tokenizer_cfg(cache_dir: Path, **overrides) -> SimpleNamespace:
+    """A tokenizer config section for build_tokenizer, small by default."""
+    base = dict(
+        model_type="unigram",
+        vocab_size=200,
+        joint=True,
+        sample_size=1000,
+        character_coverage=1.0,
+        cache_dir=str(cache_dir),
+    )
+    base.update(overrides)
+    return SimpleNamespace(**base)

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+from helpers import tokenizer_cfg
 from nmt.data import build_tokenizer
 from nmt.data.batching import BatchStream, collate, eval_batches
 from nmt.data.corpus import CorpusSpec
@@ -15,16 +16,7 @@ from nmt.data.tokenizer import BOS, EOS, PAD
 
 @pytest.fixture(scope="module")
 def tok(sample_dir, tmp_path_factory):
-    from types import SimpleNamespace
-
-    cfg = SimpleNamespace(
-        model_type="unigram",
-        vocab_size=300,
-        joint=True,
-        sample_size=2000,
-        character_coverage=1.0,
-        cache_dir=str(tmp_path_factory.mktemp("spm")),
-    )
+    cfg = tokenizer_cfg(tmp_path_factory.mktemp("spm"), vocab_size=300, sample_size=2000)
     return build_tokenizer(cfg, CorpusSpec(str(sample_dir / "train.tsv")))
 
 

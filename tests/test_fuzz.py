@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from helpers import tokenizer_cfg
 from nmt.config import TrainConfig
 from nmt.data import build_tokenizer
 from nmt.data.corpus import CorpusSpec, Malformed, check_line, read_tsv
@@ -55,14 +54,7 @@ def test_no_valid_pair_is_lost(tmp_path, lines):
 @pytest.fixture(scope="module")
 def translator(sample_dir, tmp_path_factory):
     tok = build_tokenizer(
-        SimpleNamespace(
-            model_type="unigram",
-            vocab_size=150,
-            joint=True,
-            sample_size=500,
-            character_coverage=1.0,
-            cache_dir=str(tmp_path_factory.mktemp("spm")),
-        ),
+        tokenizer_cfg(tmp_path_factory.mktemp("spm"), vocab_size=150, sample_size=500),
         CorpusSpec(str(sample_dir / "train.tsv")),
     )
     cfg = OmegaConf.structured(TrainConfig)

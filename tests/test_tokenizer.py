@@ -1,26 +1,17 @@
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from helpers import tokenizer_cfg
 from nmt.data import build_tokenizer
 from nmt.data import tokenizer as tokmod
 from nmt.data.corpus import CorpusSpec
 from nmt.data.tokenizer import Tokenizer
 
 
-def cfg(cache, **kw):
-    base = dict(
-        model_type="unigram", vocab_size=200, joint=True, sample_size=1000, character_coverage=1.0, cache_dir=str(cache)
-    )
-    base.update(kw)
-    return SimpleNamespace(**base)
-
-
 def test_second_run_reuses_the_cached_model(sample_dir, tmp_path, monkeypatch):
     spec = CorpusSpec(str(sample_dir / "train.tsv"))
-    first = build_tokenizer(cfg(tmp_path), spec)
+    first = build_tokenizer(tokenizer_cfg(tmp_path), spec)
 
     class Trained(Exception):
         pass
@@ -29,15 +20,16 @@ def test_second_run_reuses_the_cached_model(sample_dir, tmp_path, monkeypatch):
         raise Trained
 
     monkeypatch.setattr(tokmod, "_train_one", no_training)
-    second = build_tokenizer(cfg(tmp_path), spec)  # would raise Trained if it trained again
+    second = build_tokenizer(tokenizer_cfg(tmp_path), spec)  # would raise Trained if it trained again
     assert second.src_proto == first.src_proto
     with pytest.raises(Trained):  # a different setting is a different cache key
-        build_tokenizer(cfg(tmp_path, vocab_size=150), spec)
+        build_tokenizer(tokenizer_cfg(tmp_path, vocab_size=150), spec)
 
 
 @pytest.mark.parametrize("model_type,joint", [("unigram", True), ("bpe", False)])
 def test_roundtrip_and_serialisation(sample_dir, tmp_path, model_type, joint):
-    tok = build_tokenizer(cfg(tmp_path, model_type=model_type, joint=joint), CorpusSpec(str(sample_dir / "train.tsv")))
+    cfg = tokenizer_cfg(tmp_path, model_type=model_type, joint=joint)
+    tok = build_tokenizer(cfg, CorpusSpec(str(sample_dir / "train.tsv")))
     assert tok.joint == joint
     again = Tokenizer.from_state_dict(tok.state_dict())
     text = "¿Dónde está la estación?"
