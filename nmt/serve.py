@@ -27,7 +27,7 @@ register_configs()
 
 
 def create_app(translator: Translator, max_chars: int) -> Flask:
-    app = Flask("nmt")
+    app = Flask(__name__)
     page = resources.files("nmt.web").joinpath("index.html").read_text().replace("__MAX_CHARS__", str(max_chars))
 
     @app.get("/")

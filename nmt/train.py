@@ -53,6 +53,7 @@ def seed_everything(seed: int) -> None:
 def run(cfg: DictConfig, run_dir: Path) -> dict:
     """Train with a resolved config; returns the last validation record."""
     plain = to_plain(cfg)  # resolves interpolations and fails on missing values before any work
+    run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -107,7 +108,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         num_workers=workers,
         pin_memory=device.type == "cuda",
         prefetch_factor=8 if workers else None,
-        persistent_workers=False,
+        # Its own generator: making the iterator would otherwise draw a seed from the global RNG
+        # after a resume restored it, and the resumed run's dropout masks would drift.
+        generator=torch.Generator().manual_seed(cfg.seed),
     )
     try:
         result = trainer.fit(iter(loader))

@@ -107,38 +107,21 @@ def test_average_ensemble_and_bootstrap_clis(trained, tmp_path, sample_dir):
     nbest = run_module("nmt.translate", args, cache, stdin="I like cats.\n")
     lines = nbest.stdout.split("\n")
     assert len(lines[:3]) == 3 and all("\t" in x for x in lines[:3]) and lines[3] == ""
-    js = tmp_path / "cmp.json"
-    run_module(
-        "nmt.evaluate",
-        [
+    for baseline, significant in [(best, False), ("refs", True)]:
+        if baseline == "refs":  # a "system" that outputs the references: BLEU 100, surely better
+            baseline = tmp_path / "refs.txt"
+            lines = (sample_dir / "test.tsv").read_text().splitlines()
+            baseline.write_text("".join(x.split("\t")[1] + "\n" for x in lines))
+        js = tmp_path / "cmp.json"
+        args = [
             f"checkpoint={best}",
             f"input={sample_dir}/test.tsv",
             "beam_size=2",
-            f"baseline={best}",
+            f"baseline={baseline}",
             "bootstrap_samples=200",
             f"json={js}",
-        ],
-        cache,
-    )
-    pb = json.loads(js.read_text())["paired_bootstrap"]
-    assert pb["baseline_bleu"] == pb["system_bleu"] and not pb["significant_at_0.05"]
-
-
-def test_translate_writes_attention_plots_and_matrices(trained, tmp_path):
-    run, cache, _ = trained
-    src = tmp_path / "in.txt"
-    src.write_text("I like cats.\n\nWhere is Tom?\n")
-    args = [
-        f"checkpoint={run}/checkpoints/best.pt",
-        f"input={src}",
-        f"output={tmp_path}/out.txt",
-        f"attention_plot={tmp_path}/plots",
-        f"attention_out={tmp_path}/att.jsonl",
-    ]
-    run_module("nmt.translate", args, cache)
-    assert sorted(p.name for p in (tmp_path / "plots").glob("*.png")) == ["00000.png", "00002.png"]
-    assert all(p.stat().st_size > 2000 for p in (tmp_path / "plots").glob("*.png"))
-    recs = [json.loads(x) for x in (tmp_path / "att.jsonl").read_text().splitlines()]
-    assert [r["line"] for r in recs] == [0, 2]
-    for r in recs:
-        assert len(r["attention"]) == len(r["tgt"]) and all(len(row) == len(r["src"]) for row in r["attention"])
+        ]
+        proc = run_module("nmt.evaluate", args, cache)
+        pb = json.loads(js.read_text())["paired_bootstrap"]
+        assert pb["significant_at_0.05"] == significant and "paired bootstrap" in proc.stdout
+    assert pb["baseline_bleu"] == 100.0 and pb["p_value"] < 0.05

@@ -13,6 +13,7 @@ from nmt.config import TrainConfig
 from nmt.data import build_tokenizer
 from nmt.data.corpus import CorpusSpec, Malformed, check_line, read_tsv
 from nmt.models.build import build_model
+from nmt.search import SearchOptions
 from nmt.translate import one_line
 from nmt.translator import Translator
 
@@ -63,7 +64,7 @@ def translator(sample_dir, tmp_path_factory):
     cfg.decoder.update(emb_size=8, hidden_size=16)
     torch.manual_seed(0)
     model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
-    return Translator(model, tok, torch.device("cpu"), beam_size=2, max_input_len=64, max_len_ratio=0.5)
+    return Translator(model, tok, torch.device("cpu"), SearchOptions(beam_size=2, max_len_ratio=0.5), max_input_len=64)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
