@@ -13,8 +13,7 @@ import torch
 
 from nmt.data.batching import eval_batches
 from nmt.data.tokenizer import Tokenizer
-from nmt.models.seq2seq import Seq2Seq
-from nmt.search import Hypothesis, SearchOptions, beam_search
+from nmt.search import Hypothesis, Searchable, SearchOptions, beam_search
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ class Translation:
 class Translator:
     def __init__(
         self,
-        model: Seq2Seq,
+        model: Searchable,  # a Seq2Seq or an Ensemble
         tokenizer: Tokenizer,
         device: torch.device,
         search: SearchOptions | None = None,
