@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from nmt.config import register_configs, to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
-from nmt.data.batching import BatchStream
+from nmt.data.batching import BatchStream, worker_init
 from nmt.data.corpus import load_pairs
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
@@ -111,6 +111,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         # Its own generator: making the iterator would otherwise draw a seed from the global RNG
         # after a resume restored it, and the resumed run's dropout masks would drift.
         generator=torch.Generator().manual_seed(cfg.seed),
+        worker_init_fn=worker_init,
     )
     try:
         result = trainer.fit(iter(loader))

@@ -59,7 +59,8 @@ def run_module(
     return proc
 
 
-def popen_module(module: str, args: list[str], cache: Path) -> subprocess.Popen:
+def popen_module(module: str, args: list[str], cache: Path, new_session: bool = False) -> subprocess.Popen:
+    """Start a CLI in the background; new_session: in its own process group, to signal it as a terminal does."""
     return subprocess.Popen(
         [sys.executable, "-m", module, *args],
         cwd=REPO,
@@ -67,6 +68,7 @@ def popen_module(module: str, args: list[str], cache: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=new_session,
     )
 
 

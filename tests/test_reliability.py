@@ -68,18 +68,26 @@ def wait_for_step(proc, step: int) -> None:
     raise AssertionError(f"training ended before step {step}")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
-def test_killed_at_a_random_step_resumes_exactly(reference, tmp_path, sample_dir, sig):
+KILLS = [(signal.SIGTERM, False), (signal.SIGKILL, False), (signal.SIGINT, True), (signal.SIGTERM, True)]
+
+
+@pytest.mark.parametrize("sig,group", KILLS, ids=["SIGTERM", "SIGKILL", "SIGINT-group", "SIGTERM-group"])
+def test_killed_at_a_random_step_resumes_exactly(reference, tmp_path, sample_dir, sig, group):
+    """group: the signal goes to the whole process group (the DataLoader worker too), as Ctrl-C,
+    `timeout` and cluster schedulers send it."""
     ref_dir, cache = reference
     # a SIGKILL loses the steps since the last checkpoint (every 15 steps): kill after the first one
     kill_at = random.Random().randint(17 if sig == signal.SIGKILL else 5, STEPS - 3)
     run_dir = tmp_path / "run"
     args = [f"data.dir={sample_dir}", *COMMON, f"trainer.max_steps={STEPS}", f"hydra.run.dir={run_dir}"]
-    proc = popen_module("nmt.train", args, cache)
+    proc = popen_module("nmt.train", args, cache, new_session=group)
     wait_for_step(proc, kill_at)
-    proc.send_signal(sig)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     out = proc.communicate(timeout=120)[0]
-    FAULTS[f"killed with {signal.Signals(sig).name}"] += 1
+    FAULTS[f"killed with {signal.Signals(sig).name}{' (process group)' if group else ''}"] += 1
     if sig == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL
     else:  # the handler saves after the step in flight, then exits 128 + signal

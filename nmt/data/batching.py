@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -172,6 +173,14 @@ class BatchStream(IterableDataset):
                 total,
                 self.max_len,
             )
+
+
+def worker_init(_worker_id: int) -> None:
+    """DataLoader workers ignore SIGINT/SIGTERM: Ctrl-C, `timeout` or a cluster's pre-emption signal the
+    whole process group, and the main process must outlive its worker long enough to save a checkpoint.
+    A worker still ends with the main process (the DataLoader shuts it down, or sees its parent gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def eval_batches(
