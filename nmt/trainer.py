@@ -48,7 +48,7 @@ class Progress:
     elapsed_s: float = 0.0  # wall-clock seconds of training so far (counts against max_minutes)
     bad_steps: int = 0  # non-finite steps in a row
     skipped_steps: int = 0  # non-finite steps in all (their updates were skipped)
-    history: list[dict] = field(default_factory=list)
+    last_validation: dict = field(default_factory=dict)  # the newest metrics.jsonl record
 
 
 def build_optimizer(model: torch.nn.Module, t: Any) -> torch.optim.Optimizer:
@@ -201,7 +201,7 @@ class Trainer:
         self.model, self.tok, self.cfg, self.t = model, tokenizer, cfg, cfg.trainer
         self.plain_config, self.run_dir, self.device = plain_config, run_dir, device
         self.ckpt_dir = run_dir / "checkpoints"
-        self.valid_pairs, self.logger = valid_pairs, logger
+        self.logger = logger
         self.opt = build_optimizer(model, self.t)
         self.sched = build_scheduler(self.opt, self.t)
         self.progress = Progress()
@@ -351,7 +351,6 @@ class Trainer:
             disable=None,
             file=sys.stderr,
         )
-        last: dict = {}
         with StopSignal() as stop:
             while reason is None:
                 b = next(batches)
@@ -387,7 +386,7 @@ class Trainer:
                 reason = self._done(p)
                 if reason is None and p.step % t.valid_every == 0:
                     v0 = time.monotonic()
-                    last = self._validate_and_save(since_valid)
+                    self._validate_and_save(since_valid)
                     since_valid = Window(self.device)
                     since_log.paused += time.monotonic() - v0
                     reason = self._done(p)
@@ -405,16 +404,16 @@ class Trainer:
                 f"stopped at step {p.step}: {reason}; {self.ckpt_dir / 'last.pt'} holds the weights from "
                 "before the fault (try a lower trainer.lr, or check the data)"
             )
-        if p.step > 0 and (not p.history or p.history[-1]["step"] != p.step):
-            last = self._validate_and_save(since_valid)
+        if p.step > 0 and p.last_validation.get("step") != p.step:
+            self._validate_and_save(since_valid)
         if self.last_save_failed:
             raise NmtError(
                 f"training ended at step {p.step}, but its final checkpoint could not be written to "
                 f"{self.ckpt_dir} (see the errors above)"
             )
-        return last or (p.history[-1] if p.history else {})
+        return p.last_validation
 
-    def _validate_and_save(self, window: Window) -> dict:
+    def _validate_and_save(self, window: Window) -> None:
         p = self.progress
         train_loss, tok_s, src_tgt_tok_s = window.read()
         v = self.validate()
@@ -439,7 +438,7 @@ class Trainer:
             p.bad_validations += 1
         if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.sched.step(v["bleu"])
-        p.history.append(record)
+        p.last_validation = record
         self.logger.log(record, step=p.step)
         log.info(
             "validation at step %d: loss %.4f  ppl %.2f  BLEU %.2f  chrF %.2f%s | %s",
@@ -456,7 +455,6 @@ class Trainer:
         if improved:
             self.save("best.pt")
         self._keep_step_checkpoint()
-        return record
 
     def plot_attention(self) -> dict[str, Path]:
         """Heatmaps of a few fixed validation sentences, saved under run_dir/attention/ (and sent to wandb)."""
