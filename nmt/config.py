@@ -133,6 +133,9 @@ class TrainerConfig:
     keep_last: int = 1  # step-numbered checkpoints kept besides last.pt / best.pt
     max_bad_steps: int = 5  # non-finite losses/gradients in a row before the run stops
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
+    # Batches (of data.max_tokens each) per rank summed into one update; the global batch is
+    # world_size * accum_steps batches, and one process with accum_steps=N reproduces N ranks.
+    accum_steps: int = 1
 
 
 @dataclass

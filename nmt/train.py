@@ -6,11 +6,13 @@ Examples::
     python -m nmt.train attention=general decoder=luong  # swap parts
     python -m nmt.train -m attention=dot,general,concat,bahdanau   # sweep
     python -m nmt.train hydra.run.dir=outputs/run1 trainer.resume=true
+    torchrun --standalone --nproc_per_node 4 -m nmt.train hydra.run.dir=outputs/ddp   # data-parallel
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.batching import BatchStream, worker_init
 from nmt.data.corpus import load_pairs
 from nmt.data.tokenizer import Tokenizer
+from nmt.distributed import Dist, init_distributed, shutdown
 from nmt.errors import ConfigError, NmtError
 from nmt.logger import RunLogger
 from nmt.models.build import build_model, count_parameters
@@ -50,15 +53,54 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def quiet_other_ranks(d: Dist) -> None:
+    """Only rank 0 writes the run's log file; the others keep warnings on stderr, tagged."""
+    if d.is_main:
+        return
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if isinstance(h, logging.FileHandler):
+            root.removeHandler(h)
+        else:
+            h.setFormatter(logging.Formatter(f"[rank {d.rank}][%(name)s][%(levelname)s] - %(message)s"))
+    root.setLevel(logging.WARNING)
+
+
 def run(cfg: DictConfig, run_dir: Path) -> dict:
     """Train with a resolved config; returns the last validation record."""
     plain = to_plain(cfg)  # resolves interpolations and fails on missing values before any work
+    d, device = init_distributed(resolve_device(cfg.device))
+    try:
+        return _run(cfg, plain, Path(d.broadcast(str(run_dir))), d, device)  # rank 0's run dir for all
+    finally:
+        shutdown(d)
+
+
+def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.device) -> dict:
+    quiet_other_ranks(d)
+    if cfg.data.num_workers > 1:
+        raise ConfigError(
+            f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (the batch stream runs in one worker "
+            "process per rank, 0 = in the main process; scripts/benchmark.py measures its data wait)"
+        )
+    if d.active:
+        log.info(
+            "distributed: world size %d (%s backend), %d data shards, global batch %d x %d tokens",
+            d.world_size,
+            "nccl" if device.type == "cuda" else "gloo",
+            d.world_size * cfg.trainer.accum_steps,
+            d.world_size * cfg.trainer.accum_steps,
+            cfg.data.max_tokens,
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.device)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    seed_everything(cfg.seed)
-    prepare_corpus(cfg.data)
+    seed_everything(cfg.seed + d.rank)  # own dropout masks per rank
+    if d.is_main:  # fetch once (the other ranks find the files, on a shared filesystem)
+        prepare_corpus(cfg.data)
+    d.barrier()
+    if not d.is_main:
+        prepare_corpus(cfg.data)
     specs = build_specs(cfg.data)
     resume_from = find_checkpoint(run_dir / "checkpoints", device) if cfg.trainer.resume else None
     if cfg.trainer.resume and resume_from is None:
@@ -71,8 +113,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
                 "name intended changes in trainer.allow_changes=[KEY,...] or use a new hydra.run.dir"
             )
         tokenizer = Tokenizer.from_state_dict(resume_from[1]["tokenizer"])  # the run's own pieces
-    else:
-        tokenizer = build_tokenizer(cfg.tokenizer, specs["train"])
+    else:  # trained once, on rank 0; every rank gets the same pieces
+        state = build_tokenizer(cfg.tokenizer, specs["train"]).state_dict() if d.is_main else None
+        tokenizer = Tokenizer.from_state_dict(d.broadcast(state))
     model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(
         device
     )
@@ -85,8 +128,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         device,
     )
     valid = load_pairs(specs["valid"])
-    logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume)
-    trainer = Trainer(model, tokenizer, cfg, plain, run_dir, device, valid, logger)
+    logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume) if d.is_main else None
+    trainer = Trainer(model, tokenizer, cfg, plain, run_dir, device, valid, logger, d)
     if resume_from is not None:
         trainer.load_state(*resume_from)
     p = trainer.progress
@@ -98,8 +141,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         cfg.data.bucket_size,
         cfg.data.shuffle_buffer,
         cfg.seed,
-        start_epoch=p.epoch,
-        skip_batches=p.batch_index + 1,
+        shards=trainer.shards,
+        num_shards=trainer.num_shards,
+        starts=trainer.data_starts(),
     )
     workers = cfg.data.num_workers
     loader = torch.utils.data.DataLoader(
@@ -116,7 +160,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     try:
         result = trainer.fit(iter(loader))
     finally:
-        logger.finish()
+        if logger is not None:
+            logger.finish()
     log.info("done: best valid BLEU %.2f; checkpoints in %s", p.best_bleu, trainer.ckpt_dir)
     return result
 
@@ -131,5 +176,11 @@ def main(cfg: DictConfig) -> float:
     return float(result.get("bleu", 0.0))  # the sweep objective, for optimiser plugins
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    if int(os.environ.get("RANK", "0")) > 0:
+        sys.argv.append("hydra.output_subdir=null")  # rank 0 alone writes the run's .hydra/ config copies
     main()
+
+
+if __name__ == "__main__":
+    cli()

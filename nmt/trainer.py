@@ -24,8 +24,9 @@ import torch
 from tqdm import tqdm
 
 from nmt import checkpoint
-from nmt.data.batching import Batch, eval_batches
+from nmt.data.batching import Batch, eval_batches, shard_starts
 from nmt.data.tokenizer import Tokenizer
+from nmt.distributed import Dist
 from nmt.errors import CheckpointError, ConfigError, NmtError
 from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq, nll_loss
@@ -41,8 +42,9 @@ class Progress:
     """Everything besides weights/optimiser that a resumed run must get back."""
 
     step: int = 0
-    epoch: int = 0
-    batch_index: int = -1  # last batch of ``epoch`` consumed
+    epoch: int = 0  # newest epoch any shard has reached
+    # Per data shard, the [epoch, index] of its last consumed batch (see BatchStream).
+    positions: list[list[int]] = field(default_factory=list)
     best_bleu: float = -1.0
     bad_validations: int = 0  # validations in a row without a BLEU gain (early stopping)
     elapsed_s: float = 0.0  # wall-clock seconds of training so far (counts against max_minutes)
@@ -172,18 +174,20 @@ class Window:
         self.loss_tokens = self.tgt_tokens = self.src_tokens = 0
         self.start, self.paused = time.monotonic(), 0.0  # paused: validation time to leave out
 
-    def add(self, loss: torch.Tensor | None, b: Batch) -> None:
+    def add(self, loss: torch.Tensor | None, micro: list[Batch]) -> None:
+        n_tgt = sum(b.n_tgt_tokens for b in micro)
         if loss is not None:  # a skipped (non-finite) step adds its tokens to the throughput only
             self.loss += loss
-            self.loss_tokens += b.n_tgt_tokens
-        self.tgt_tokens += b.n_tgt_tokens
-        self.src_tokens += int(b.src_len.sum())
+            self.loss_tokens += n_tgt
+        self.tgt_tokens += n_tgt
+        self.src_tokens += sum(int(b.src_len.sum()) for b in micro)
 
-    def read(self) -> tuple[float | None, float, float]:
-        """(train loss per target token, target tokens/s, source+target tokens/s)."""
+    def read(self, d: Dist) -> tuple[float | None, float, float]:
+        """(train loss per target token, target tokens/s, source+target tokens/s), summed over ranks."""
         secs = max(1e-9, time.monotonic() - self.start - self.paused)
-        loss = float(self.loss) / self.loss_tokens if self.loss_tokens else None  # None: every step skipped
-        return loss, self.tgt_tokens / secs, (self.tgt_tokens + self.src_tokens) / secs
+        loss_sum, loss_tokens, tgt, src = d.sum([float(self.loss), self.loss_tokens, self.tgt_tokens, self.src_tokens])
+        loss = loss_sum / loss_tokens if loss_tokens else None  # None: every step skipped
+        return loss, tgt / secs, (tgt + src) / secs
 
 
 class Trainer:
@@ -196,12 +200,22 @@ class Trainer:
         run_dir: Path,
         device: torch.device,
         valid_pairs: list[tuple[str, str]],
-        logger: RunLogger,
+        logger: RunLogger | None,
+        dist: Dist | None = None,
     ):
+        """``logger`` is None on every rank but 0; under torchrun ``model`` is wrapped in
+        DistributedDataParallel for the training step only (validation, decoding and
+        checkpoints use the plain module, on rank 0)."""
         self.model, self.tok, self.cfg, self.t = model, tokenizer, cfg, cfg.trainer
         self.plain_config, self.run_dir, self.device = plain_config, run_dir, device
         self.ckpt_dir = run_dir / "checkpoints"
-        self.logger = logger
+        self.logger, self.dist = logger, dist or Dist()
+        self.net: torch.nn.Module = model
+        if self.dist.active:
+            ids = [device.index] if device.type == "cuda" else None
+            self.net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if self.t.accum_steps < 1:
+            raise ConfigError(f"trainer.accum_steps={self.t.accum_steps}: expected an integer >= 1")
         self.opt = build_optimizer(model, self.t)
         self.sched = build_scheduler(self.opt, self.t)
         self.progress = Progress()
@@ -222,28 +236,44 @@ class Trainer:
 
     # ---- checkpoints ----
     def state(self) -> dict:
+        """The checkpoint. Every rank must call it: it gathers each rank's data positions and RNG."""
+        mine = {"positions": {s: self.progress.positions[s] for s in self.shards}, "rng": rng_state()}
+        parts = self.dist.gather(mine)
+        positions = [list(pos) for pos in self.progress.positions]
+        for part in parts:
+            for s, pos in part["positions"].items():
+                positions[s] = list(pos)
         return {
             "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "progress": self.progress.__dict__,
-            "rng": rng_state(),
+            "progress": {**self.progress.__dict__, "positions": positions},
+            "rng": [part["rng"] for part in parts],  # one per rank
             "tokenizer": self.tok.state_dict(),
             "config": self.plain_config,
         }
 
-    def save(self, name: str) -> Path | None:
-        """Write a checkpoint; on a disk error say so, keep the previous file, and go on training."""
-        path = self.ckpt_dir / name
-        try:
-            checkpoint.save(path, self.state())
-        except OSError as e:
-            log.error("cannot write checkpoint %s (%s); the previous one is kept", path, e.strerror or e)
-            self.last_save_failed = True
+    def save(self, *names: str) -> Path | None:
+        """Write checkpoints (every rank calls this, rank 0 writes); returns the first path written.
+
+        On a disk error say so, keep the previous file, and go on training.
+        """
+        state = self.state()
+        if not self.dist.is_main:
             return None
-        self.last_save_failed = False
-        return path
+        written = None
+        for name in names:
+            path = self.ckpt_dir / name
+            try:
+                checkpoint.save(path, state)
+            except OSError as e:
+                log.error("cannot write checkpoint %s (%s); the previous one is kept", path, e.strerror or e)
+                self.last_save_failed = True
+                continue
+            self.last_save_failed = False
+            written = written or path
+        return written
 
     def load_state(self, path: Path, ckpt: dict) -> None:
         """Continue from a checkpoint of this run (see ``find_checkpoint``)."""
@@ -252,7 +282,11 @@ class Trainer:
         self.sched.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
         self.progress = Progress(**ckpt["progress"])
-        set_rng_state(ckpt["rng"])
+        rngs = ckpt["rng"]
+        if self.dist.rank < len(rngs):
+            set_rng_state(rngs[self.dist.rank])
+        else:  # more ranks than the run had: a fresh stream per rank, still reproducible
+            torch.manual_seed(self.cfg.seed + 7919 * self.dist.rank + self.progress.step)
         log.info(
             "resuming from %s: step %d, epoch %d, best BLEU %.2f",
             path,
@@ -261,10 +295,7 @@ class Trainer:
             self.progress.best_bleu,
         )
 
-    def _keep_step_checkpoint(self) -> None:
-        if self.t.keep_last <= 0:
-            return
-        self.save(f"step_{self.progress.step}.pt")
+    def _prune_step_checkpoints(self) -> None:
         old = sorted(self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
         for p in old[: -self.t.keep_last]:
             p.unlink(missing_ok=True)
@@ -299,12 +330,52 @@ class Trainer:
         return torch.autocast(device_type="cuda", dtype=self.amp_dtype)
 
     # ---- the loop ----
-    def train_step(self, b: Batch) -> torch.Tensor | None:
-        """One update; returns the summed loss, or None when it was non-finite and the update skipped."""
-        with self._autocast():
-            logits, _ = self.model(b.src, b.src_len, b.tgt_in, self.t.teacher_forcing)
-            loss_sum = nll_loss(logits, b.tgt_out, self.t.label_smoothing)
-        self.scaler.scale(loss_sum / b.n_tgt_tokens).backward()
+    @property
+    def shards(self) -> range:
+        """The data shards this rank reads: one per micro-batch of an update (see BatchStream)."""
+        a = self.t.accum_steps
+        return range(self.dist.rank * a, (self.dist.rank + 1) * a)
+
+    @property
+    def num_shards(self) -> int:
+        return self.dist.world_size * self.t.accum_steps
+
+    def data_starts(self) -> list[tuple[int, int]]:
+        """(epoch, batches to skip) for each of this rank's shards, from the progress (fresh or resumed)."""
+        p = self.progress
+        starts, exact = shard_starts(p.positions, self.num_shards)
+        if not exact:
+            log.warning(
+                "the checkpoint was written with %d data shards, this run has %d (world size x accum_steps): "
+                "weights, optimiser and schedule continue exactly; the data stream restarts in epoch %d "
+                "at about the same share of it",
+                len(p.positions),
+                self.num_shards,
+                starts[0][0],
+            )
+        p.positions = [[e, skip - 1] for e, skip in starts]
+        return [starts[s] for s in self.shards]
+
+    def train_step(self, micro: list[Batch]) -> torch.Tensor | None:
+        """One update from this rank's micro-batches; returns their summed loss, or None when the
+        update was skipped because the loss or gradient was non-finite.
+
+        Every rank scales its loss by world_size / (target tokens of the whole update, all ranks):
+        DDP averages gradients over ranks, so the result is the per-token mean over the global
+        batch, the same as one process accumulating the same batches.
+        """
+        (n_tokens,) = self.dist.sum([sum(b.n_tgt_tokens for b in micro)])
+        scale = self.dist.world_size / n_tokens
+        total = torch.zeros((), device=self.device)
+        for k, b in enumerate(micro):
+            last = k == len(micro) - 1
+            sync = contextlib.nullcontext() if last or not self.dist.active else self.net.no_sync()
+            with sync:
+                with self._autocast():
+                    logits, _ = self.net(b.src, b.src_len, b.tgt_in, self.t.teacher_forcing)
+                    loss_sum = nll_loss(logits, b.tgt_out, self.t.label_smoothing)
+                self.scaler.scale(loss_sum * scale).backward()
+            total += loss_sum.detach().float()
         self.scaler.unscale_(self.opt)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.clip_grad or float("inf"))
         if self.scaler.is_enabled():  # fp16: the scaler skips inf/NaN steps itself and lowers its scale
@@ -313,6 +384,7 @@ class Trainer:
             ok = True
         else:
             # The one host sync per step: a NaN must never reach the weights or Adam's moments.
+            # The norm is of the all-reduced gradients, so every rank decides the same.
             ok = bool(torch.isfinite(norm))
             if ok:
                 self.opt.step()
@@ -321,14 +393,16 @@ class Trainer:
             return None
         if not isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.sched.step()
-        return loss_sum.detach()
+        return total
 
     def _done(self, p: Progress) -> str | None:
         t = self.t
         if t.max_steps and p.step >= t.max_steps:
             return f"reached trainer.max_steps={t.max_steps}"
-        if t.max_minutes and p.elapsed_s >= 60 * t.max_minutes:  # elapsed_s is updated after every step
+        if t.max_minutes and p.elapsed_s >= 60 * t.max_minutes:
             return f"reached trainer.max_minutes={t.max_minutes}"
+        if t.max_epochs and p.epoch >= t.max_epochs:
+            return f"reached trainer.max_epochs={t.max_epochs}"
         if t.patience and p.bad_validations >= t.patience:
             return f"no BLEU gain in {t.patience} validations (trainer.patience)"
         if t.max_bad_steps and p.bad_steps >= t.max_bad_steps:
@@ -336,28 +410,39 @@ class Trainer:
         return None
 
     def fit(self, batches: Iterator[Batch]) -> dict:
-        """Train until a limit, early stopping or a signal; validate and save at the end."""
+        """Train until a limit, early stopping or a signal; validate and save at the end.
+
+        Every stop decision is taken from values all ranks agree on (one small all-reduce per
+        step under torchrun: the signal, the elapsed time, the epoch), so ranks stop together.
+        """
         p, t = self.progress, self.t
         self.model.train()
         started, elapsed_at_start = time.monotonic(), p.elapsed_s
         since_log, since_valid = Window(self.device), Window(self.device)
-        reason = self._done(p)
         bar = tqdm(
             total=t.max_steps or None,
             initial=p.step,
             unit="step",
             dynamic_ncols=True,
             mininterval=2.0,
-            disable=None,
+            disable=None if self.dist.is_main else True,
             file=sys.stderr,
         )
         with StopSignal() as stop:
-            while reason is None:
-                b = next(batches)
-                if t.max_epochs and b.epoch >= t.max_epochs:
-                    reason = f"reached trainer.max_epochs={t.max_epochs}"
+            while True:
+                reason = self._done(p)
+                if reason is not None:
                     break
-                loss = self.train_step(b.to(self.device))
+                micro = [next(batches) for _ in range(t.accum_steps)]
+                local = [stop.signum or 0, elapsed_at_start + time.monotonic() - started, max(b.epoch for b in micro)]
+                signum, p.elapsed_s, epoch = self.dist.max(local)
+                if signum:
+                    stop.signum = int(signum)
+                    break
+                if t.max_epochs and epoch >= t.max_epochs:  # these batches open an epoch past the limit
+                    p.epoch = int(epoch)
+                    continue
+                loss = self.train_step([b.to(self.device) for b in micro])
                 if loss is None:
                     p.bad_steps, p.skipped_steps = p.bad_steps + 1, p.skipped_steps + 1
                     log.warning(
@@ -369,33 +454,32 @@ class Trainer:
                 else:
                     p.bad_steps = 0
                 for w in (since_log, since_valid):
-                    w.add(loss, b)
-                p.step, p.epoch, p.batch_index = p.step + 1, b.epoch, b.index
+                    w.add(loss, micro)
+                for b in micro:
+                    p.positions[b.shard] = [b.epoch, b.index]
+                p.step, p.epoch = p.step + 1, max(p.epoch, int(epoch))
                 p.elapsed_s = elapsed_at_start + time.monotonic() - started
                 bar.update(1)
                 if p.step % t.log_every == 0:
-                    train_loss, tok_s, _ = since_log.read()  # the one sync for logging: every log_every steps
+                    train_loss, tok_s, _ = since_log.read(self.dist)  # the one sync for logging
                     lr = self.opt.param_groups[0]["lr"]
                     shown = "n/a" if train_loss is None else f"{train_loss:.4f}"
                     bar.set_postfix(loss=shown, tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
                     msg = "step %d  epoch %d  train loss %s  %.0f tgt tok/s  lr %.2e"
                     log.info(msg, p.step, p.epoch, shown, tok_s, lr)
                     since_log = Window(self.device)
-                if stop.signum is not None:
-                    break
-                reason = self._done(p)
-                if reason is None and p.step % t.valid_every == 0:
+                if p.step % t.valid_every == 0 and self._done(p) is None:
                     v0 = time.monotonic()
                     self._validate_and_save(since_valid)
                     since_valid = Window(self.device)
                     since_log.paused += time.monotonic() - v0
-                    reason = self._done(p)
             bar.close()
             if stop.signum is not None:
                 path = self.save("last.pt")
                 if path is not None:
                     log.warning("interrupted at step %d: saved %s; continue with trainer.resume=true", p.step, path)
-                self.logger.finish()
+                if self.logger is not None:
+                    self.logger.finish()
                 raise SystemExit(128 + stop.signum)
         log.info("stopping: %s", reason)
         if t.max_bad_steps and p.bad_steps >= t.max_bad_steps:
@@ -414,9 +498,12 @@ class Trainer:
         return p.last_validation
 
     def _validate_and_save(self, window: Window) -> None:
+        """Rank 0 validates while the others wait; all apply its result, so early stopping and the
+        plateau schedule agree on every rank."""
         p = self.progress
-        train_loss, tok_s, src_tgt_tok_s = window.read()
-        v = self.validate()
+        train_loss, tok_s, src_tgt_tok_s = window.read(self.dist)
+        v = self.validate() if self.dist.is_main else None
+        v = self.dist.broadcast(v)
         record = {
             "step": p.step,
             "epoch": p.epoch,
@@ -439,22 +526,23 @@ class Trainer:
         if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.sched.step(v["bleu"])
         p.last_validation = record
-        self.logger.log(record, step=p.step)
-        log.info(
-            "validation at step %d: loss %.4f  ppl %.2f  BLEU %.2f  chrF %.2f%s | %s",
-            p.step,
-            v["loss"],
-            v["ppl"],
-            v["bleu"],
-            v["chrf"],
-            "  (best)" if improved else "",
-            v["example"],
-        )
-        self.logger.log_images(self.plot_attention(), step=p.step)
-        self.save("last.pt")
-        if improved:
-            self.save("best.pt")
-        self._keep_step_checkpoint()
+        if self.logger is not None:
+            self.logger.log(record, step=p.step)
+            log.info(
+                "validation at step %d: loss %.4f  ppl %.2f  BLEU %.2f  chrF %.2f%s | %s",
+                p.step,
+                v["loss"],
+                v["ppl"],
+                v["bleu"],
+                v["chrf"],
+                "  (best)" if improved else "",
+                v["example"],
+            )
+            self.logger.log_images(self.plot_attention(), step=p.step)
+        keep = self.t.keep_last > 0
+        self.save("last.pt", *(["best.pt"] if improved else []), *([f"step_{p.step}.pt"] if keep else []))
+        if self.dist.is_main and keep:
+            self._prune_step_checkpoints()
 
     def plot_attention(self) -> dict[str, Path]:
         """Heatmaps of a few fixed validation sentences, saved under run_dir/attention/ (and sent to wandb)."""

@@ -9,7 +9,7 @@ import torch
 
 from helpers import tokenizer_cfg
 from nmt.data import build_tokenizer
-from nmt.data.batching import BatchStream, collate, eval_batches
+from nmt.data.batching import BatchStream, collate, eval_batches, shard_starts
 from nmt.data.corpus import CorpusSpec
 from nmt.data.tokenizer import BOS, EOS, PAD
 
@@ -67,9 +67,45 @@ def test_deterministic_for_a_seed_and_epochs_differ(sample_dir, tok):
 
 def test_resume_position_reproduces_the_stream(sample_dir, tok):
     full = list(itertools.islice(iter(stream(sample_dir, tok)), 30))
-    resumed = list(itertools.islice(iter(stream(sample_dir, tok, start_epoch=0, skip_batches=12)), 18))
+    resumed = list(itertools.islice(iter(stream(sample_dir, tok, starts=[(0, 12)])), 18))
     assert [(b.epoch, b.index) for b in resumed] == [(b.epoch, b.index) for b in full[12:]]
     assert all(torch.equal(x.src, y.src) for x, y in zip(resumed, full[12:]))
+
+
+def pairs_of(batches, tok):
+    """(source ids, target ids) of every pair in the batches, padding stripped."""
+    return sorted(
+        (tuple(b.src[i][b.src[i] != PAD].tolist()), tuple(b.tgt_out[i][b.tgt_out[i] != PAD].tolist()))
+        for b in batches
+        for i in range(b.src.size(0))
+    )
+
+
+def test_shards_partition_an_epoch(sample_dir, tok):
+    """Two shards of one epoch hold exactly the pairs of the unsharded epoch, none twice."""
+    whole = pairs_of(stream(sample_dir, tok).epoch_batches(tok, 0), tok)
+    two = stream(sample_dir, tok, shards=[0, 1], num_shards=2)
+    parts = [pairs_of(two.epoch_batches(tok, 0, shard), tok) for shard in (0, 1)]
+    assert parts[0] and parts[1] and not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == whole
+
+
+def test_rank_streams_interleave_to_the_accumulating_stream(sample_dir, tok):
+    """Rank r of 2 (accum 1) yields exactly the micro-batches r of one process with accum_steps=2."""
+    one = list(itertools.islice(iter(stream(sample_dir, tok, shards=[0, 1], num_shards=2)), 20))
+    ranks = [list(itertools.islice(iter(stream(sample_dir, tok, shards=[r], num_shards=2)), 10)) for r in (0, 1)]
+    for r in (0, 1):
+        assert [(b.shard, b.epoch, b.index) for b in one[r::2]] == [(b.shard, b.epoch, b.index) for b in ranks[r]]
+        assert all(torch.equal(x.tgt_out, y.tgt_out) for x, y in zip(one[r::2], ranks[r]))
+
+
+def test_shard_starts():
+    assert shard_starts([[0, 4], [1, 2]], 2) == ([(0, 5), (1, 3)], True)
+    # a different shard count: the oldest epoch, the old shards' mean position rescaled
+    starts, exact = shard_starts([[3, 9], [3, 19]], 1)
+    assert (starts, exact) == ([(3, 30)], False)
+    starts, exact = shard_starts([[2, 29]], 3)
+    assert (starts, exact) == ([(2, 10)] * 3, False)
 
 
 def test_eval_batches_cover_everything_in_order():

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from datasets.distributed import split_dataset_by_node
 from torch.utils.data import IterableDataset
 
 from nmt.data.corpus import CorpusSpec, stream_pairs
@@ -31,7 +32,8 @@ class Batch:
     tgt_out: torch.Tensor  # [B, T] target ids + EOS
     n_tgt_tokens: int  # real (non-pad) target tokens, known without a device sync
     epoch: int = 0
-    index: int = 0  # position of this batch within its epoch, for resuming the stream
+    index: int = 0  # position of this batch within its shard's epoch, for resuming the stream
+    shard: int = 0  # which data shard it came from (see BatchStream)
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
@@ -43,6 +45,7 @@ class Batch:
             self.n_tgt_tokens,
             self.epoch,
             self.index,
+            self.shard,
         )
 
     def pin_memory(self) -> Batch:
@@ -54,6 +57,7 @@ class Batch:
             self.n_tgt_tokens,
             self.epoch,
             self.index,
+            self.shard,
         )
 
 
@@ -65,7 +69,9 @@ def pad(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
     return out
 
 
-def collate(src: Sequence[list[int]], tgt: Sequence[list[int]], epoch: int = 0, index: int = 0) -> Batch:
+def collate(
+    src: Sequence[list[int]], tgt: Sequence[list[int]], epoch: int = 0, index: int = 0, shard: int = 0
+) -> Batch:
     """Pieces (without BOS/EOS) → a padded Batch."""
     return Batch(
         src=pad([s + [EOS] for s in src]),
@@ -75,6 +81,7 @@ def collate(src: Sequence[list[int]], tgt: Sequence[list[int]], epoch: int = 0, 
         n_tgt_tokens=sum(len(t) + 1 for t in tgt),
         epoch=epoch,
         index=index,
+        shard=shard,
     )
 
 
@@ -98,9 +105,17 @@ def token_budget_groups(order: Sequence[int], lengths: Sequence[int], max_tokens
 class BatchStream(IterableDataset):
     """Endless stream of training batches, epoch after epoch, deterministic for a seed.
 
-    ``start_epoch`` / ``skip_batches`` let a resumed run continue the stream where the
-    interrupted one stopped: the same seed rebuilds the same batches, and the first
-    ``skip_batches`` of ``start_epoch`` are dropped.
+    Sharding: the shuffled pair stream is dealt round-robin into ``num_shards`` shards
+    (``datasets.distributed.split_dataset_by_node``), and each shard is bucketed and cut
+    into batches on its own. A run has ``world_size * accum_steps`` shards; rank r owns
+    shards ``r*accum_steps ... r*accum_steps + accum_steps - 1`` and yields one batch of
+    each in turn, which the trainer takes as the micro-batches of one update. So a global
+    update is the same set of batches whether it is spread over 4 ranks or accumulated
+    in one process with accum_steps=4, and each rank tokenises only its own pairs.
+
+    ``starts`` gives, per owned shard, ``(epoch, batches to skip)`` so that a resumed run
+    continues each shard where the interrupted one stopped: the same seed rebuilds the
+    same batches and the first ones are dropped.
     """
 
     def __init__(
@@ -112,30 +127,40 @@ class BatchStream(IterableDataset):
         bucket_size: int,
         shuffle_buffer: int,
         seed: int,
-        start_epoch: int = 0,
-        skip_batches: int = 0,
+        shards: Sequence[int] = (0,),
+        num_shards: int = 1,
+        starts: Sequence[tuple[int, int]] | None = None,
     ):
         super().__init__()
         self.spec, self.tokenizer_state = spec, tokenizer_state
         self.max_len, self.max_tokens = max_len, max_tokens
         self.bucket_size, self.shuffle_buffer, self.seed = bucket_size, shuffle_buffer, seed
-        self.start_epoch, self.skip_batches = start_epoch, skip_batches
+        self.shards, self.num_shards = list(shards), num_shards
+        self.starts = list(starts) if starts is not None else [(0, 0)] * len(self.shards)
 
     def __iter__(self) -> Iterator[Batch]:
         tok = Tokenizer.from_state_dict(self.tokenizer_state)  # built here: lives in the worker
-        epoch = self.start_epoch
+        streams = [self.shard_batches(tok, s, *start) for s, start in zip(self.shards, self.starts)]
         while True:
-            for batch in self.epoch_batches(tok, epoch):
-                if epoch == self.start_epoch and batch.index < self.skip_batches:
+            for stream in streams:
+                yield next(stream)
+
+    def shard_batches(self, tok: Tokenizer, shard: int, start_epoch: int, skip: int) -> Iterator[Batch]:
+        epoch = start_epoch
+        while True:
+            for batch in self.epoch_batches(tok, epoch, shard):
+                if epoch == start_epoch and batch.index < skip:
                     continue
                 yield batch
             epoch += 1
 
-    def _buckets(self, epoch: int) -> Iterator[list[dict]]:
+    def _buckets(self, epoch: int, shard: int) -> Iterator[list[dict]]:
         ds = stream_pairs(self.spec)
         if self.shuffle_buffer > 1:
             ds = ds.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
-            ds.set_epoch(epoch)
+        if self.num_shards > 1:
+            ds = split_dataset_by_node(ds, rank=shard, world_size=self.num_shards)
+        ds.set_epoch(epoch)  # after the split: it copies the dataset and resets the epoch
         bucket: list[dict] = []
         for row in ds:
             bucket.append(row)
@@ -145,10 +170,10 @@ class BatchStream(IterableDataset):
         if bucket:
             yield bucket
 
-    def epoch_batches(self, tok: Tokenizer, epoch: int) -> Iterator[Batch]:
-        rng = random.Random(self.seed * 1_000_003 + epoch)
+    def epoch_batches(self, tok: Tokenizer, epoch: int, shard: int = 0) -> Iterator[Batch]:
+        rng = random.Random((self.seed * 1_000_003 + epoch) * 1_009 + shard)
         index, too_long, total = 0, 0, 0
-        for bucket in self._buckets(epoch):
+        for bucket in self._buckets(epoch, shard):
             srcs = tok.encode_src([r["src"] for r in bucket])
             tgts = tok.encode_tgt([r["tgt"] for r in bucket])
             total += len(bucket)
@@ -163,16 +188,36 @@ class BatchStream(IterableDataset):
             groups = token_budget_groups(order, lengths, self.max_tokens)
             rng.shuffle(groups)
             for g in groups:
-                yield collate([srcs[i] for i in g], [tgts[i] for i in g], epoch, index)
+                yield collate([srcs[i] for i in g], [tgts[i] for i in g], epoch, index, shard)
                 index += 1
-        if epoch == self.start_epoch and too_long:
+        if too_long and shard == self.shards[0] and epoch == self.starts[0][0]:
             log.info(
-                "epoch %d: left out %d of %d pairs longer than data.max_len=%d pieces",
+                "epoch %d: left out %d of %d pairs longer than data.max_len=%d pieces (shard %d of %d)",
                 epoch,
                 too_long,
                 total,
                 self.max_len,
+                shard,
+                self.num_shards,
             )
+
+
+def shard_starts(positions: Sequence[Sequence[int]], num_shards: int) -> tuple[list[tuple[int, int]], bool]:
+    """Where each of ``num_shards`` shards resumes, from the saved last-consumed ``[epoch, index]`` per shard.
+
+    Returns (starts, exact). With as many shards as were saved, every shard continues exactly
+    after its last batch. With a different count (the world size or accum_steps changed) the pairs
+    are dealt differently, so no exact position exists: every shard starts in the oldest saved
+    epoch, having skipped the same share of it as the old shards had on average.
+    """
+    if not positions:
+        return [(0, 0)] * num_shards, True
+    if len(positions) == num_shards:
+        return [(e, i + 1) for e, i in positions], True
+    epoch = min(e for e, _ in positions)
+    done = [i + 1 for e, i in positions if e == epoch]
+    skip = round(sum(done) / len(done) * len(positions) / num_shards)
+    return [(epoch, skip)] * num_shards, False
 
 
 def worker_init(_worker_id: int) -> None:
