@@ -13,7 +13,12 @@ real Trainer, run --warmup steps, then --windows windows of --window-steps steps
 source+target tokens/s, the share of step time spent waiting for the next batch, and peak
 memory (CUDA allocator peak, else the process's max RSS). Then greedy and beam-5 decoding of
 test.tsv in sentences/s. Prints a markdown table; --json writes everything.
-Peers (--compare joey,onmt, issue 5) are not implemented yet.
+
+--compare joey,onmt also trains Joey NMT and OpenNMT-py on model R (installed by
+scripts/install_peers.sh, configs in scripts/peers/) on nmt's own pieces and batch size, in
+windows alternating with nmt's (see scripts/compare_peers.py), and prints nmt/peer ratios:
+
+    python scripts/benchmark.py --models r --compare joey,onmt [--rounds 3 --window-seconds 60]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import compare_peers
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -35,7 +41,6 @@ from nmt.config import to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.batching import BatchStream, worker_init
 from nmt.data.corpus import load_pairs
-from nmt.logger import RunLogger
 from nmt.models.build import build_model
 from nmt.search import SearchOptions
 from nmt.train import resolve_device
@@ -50,95 +55,161 @@ MODELS = {
 }
 
 
-def measure(name: str, overrides: list[str], args) -> dict:
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose(
-            "config", overrides=[*overrides, f"device={args.device}", "wandb.mode=disabled", f"data.dir={args.data}"]
+class NmtRun:
+    """One model through the real pipeline and Trainer.train_step, measured in windows."""
+
+    def __init__(self, name: str, overrides: list[str], args):
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+            cfg = compose(
+                "config",
+                overrides=[*overrides, f"device={args.device}", "wandb.mode=disabled", f"data.dir={args.data}"],
+            )
+        self.name, self.overrides, self.cfg = name, overrides, cfg
+        self.device = device = resolve_device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        prepare_corpus(cfg.data)
+        self.specs = build_specs(cfg.data)
+        self.tok = tok = build_tokenizer(cfg.tokenizer, self.specs["train"])
+        self.model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
+        self.model.to(device)
+        run_dir = Path(tempfile.mkdtemp(prefix="nmt-bench-"))
+        self.trainer = Trainer(
+            self.model,
+            tok,
+            cfg,
+            to_plain(cfg),
+            run_dir,
+            device,
+            load_pairs(self.specs["valid"], limit=10),
+            None,
         )
-    device = resolve_device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    prepare_corpus(cfg.data)
-    specs = build_specs(cfg.data)
-    tok = build_tokenizer(cfg.tokenizer, specs["train"])
-    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size).to(device)
-    run_dir = Path(tempfile.mkdtemp(prefix="nmt-bench-"))
-    trainer = Trainer(
-        model,
-        tok,
-        cfg,
-        to_plain(cfg),
-        run_dir,
-        device,
-        load_pairs(specs["valid"], limit=10),
-        RunLogger(run_dir, {}, cfg.wandb, False),
-    )
-    stream = BatchStream(
-        specs["train"],
-        tok.state_dict(),
-        cfg.data.max_len,
-        cfg.data.max_tokens,
-        cfg.data.bucket_size,
-        cfg.data.shuffle_buffer,
-        cfg.seed,
-    )
-    loader = iter(
-        torch.utils.data.DataLoader(
-            stream,
-            batch_size=None,
-            num_workers=cfg.data.num_workers,
-            pin_memory=device.type == "cuda",
-            prefetch_factor=8 if cfg.data.num_workers else None,
-            worker_init_fn=worker_init,
+        stream = BatchStream(
+            self.specs["train"],
+            tok.state_dict(),
+            cfg.data.max_len,
+            cfg.data.max_tokens,
+            cfg.data.bucket_size,
+            cfg.data.shuffle_buffer,
+            cfg.seed,
         )
-    )
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    model.train()
-    for _ in range(args.warmup):
-        trainer.train_step(next(loader).to(device))
-    sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    windows = []
-    for _ in range(args.windows):
-        tgt = src = 0
+        self.loader = iter(
+            torch.utils.data.DataLoader(
+                stream,
+                batch_size=None,
+                num_workers=cfg.data.num_workers,
+                pin_memory=device.type == "cuda",
+                prefetch_factor=8 if cfg.data.num_workers else None,
+                worker_init_fn=worker_init,
+            )
+        )
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.windows: list[dict] = []
+        self.model.train()
+        for _ in range(args.warmup):
+            self.trainer.train_step([next(self.loader).to(device)])
+        self.sync()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+
+    def window(self, steps: int = 0, seconds: float = 0.0) -> dict:
+        """Train ``steps`` steps, or for ``seconds`` (whole steps), and record the rates."""
+        tgt = src = n = 0
         wait = 0.0
         t0 = time.perf_counter()
-        for _ in range(args.window_steps):
+        while (steps and n < steps) or (seconds and time.perf_counter() - t0 < seconds):
             w0 = time.perf_counter()
-            b = next(loader)
+            b = next(self.loader)
             wait += time.perf_counter() - w0
-            trainer.train_step(b.to(device))
+            self.trainer.train_step([b.to(self.device)])
             tgt += b.n_tgt_tokens
             src += int(b.src_len.sum())
-        sync()
+            n += 1
+        self.sync()
         secs = time.perf_counter() - t0
-        windows.append({"tgt_tok_s": tgt / secs, "src_tgt_tok_s": (tgt + src) / secs, "data_wait": wait / secs})
-    peak = (
-        torch.cuda.max_memory_allocated() / 2**20
-        if device.type == "cuda"
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        w = {
+            "tgt_tok_s": tgt / secs,
+            "src_tgt_tok_s": (tgt + src) / secs,
+            "data_wait": wait / secs,
+            "tgt_tokens_per_update": tgt / n,
+            "updates": n,
+        }
+        self.windows.append(w)
+        return w
+
+    def result(self, args) -> dict:
+        peak = (
+            torch.cuda.max_memory_allocated() / 2**20
+            if self.device.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        )
+        test = [s for s, _ in load_pairs(self.specs["test"])][: args.decode_sentences]
+        decode = {}
+        self.model.eval()
+        for beam in (1, 5):
+            tr = Translator(self.model, self.tok, self.device, SearchOptions(beam_size=beam), max_tokens=8000)
+            tr.translate(test[:64])  # warm-up
+            self.sync()
+            t0 = time.perf_counter()
+            tr.translate(test)
+            self.sync()
+            decode[f"beam{beam}_sent_s"] = len(test) / (time.perf_counter() - t0)
+        self.model.train()
+        med = {k: statistics.median(w[k] for w in self.windows) for k in self.windows[0]}
+        return {
+            "model": self.name,
+            "overrides": self.overrides,
+            **med,
+            "windows": self.windows,
+            "peak_mib": peak,
+            **decode,
+            "decode_sentences": len(test),
+        }
+
+
+def compare(run: NmtRun, peers: list[str], args) -> list[dict]:
+    """Alternate nmt and peer windows (round after round) and return one row per peer with ratios."""
+    data = compare_peers.prepare_data(
+        run.tok, run.specs, load_pairs, compare_peers.PEERS_HOME / "data" / f"nmt-{run.name}"
     )
-    test = [s for s, _ in load_pairs(specs["test"])][: args.decode_sentences]
-    decode = {}
-    model.eval()
-    for beam in (1, 5):
-        tr = Translator(model, tok, device, SearchOptions(beam_size=beam), max_tokens=8000)
-        tr.translate(test[:64])  # warm-up
-        sync()
-        t0 = time.perf_counter()
-        tr.translate(test)
-        sync()
-        decode[f"beam{beam}_sent_s"] = len(test) / (time.perf_counter() - t0)
-    med = {k: statistics.median(w[k] for w in windows) for k in windows[0]}
-    return {
-        "model": name,
-        "overrides": overrides,
-        **med,
-        "windows": windows,
-        "peak_mib": peak,
-        **decode,
-        "decode_sentences": len(test),
-    }
+    mean_tgt = statistics.mean(w["tgt_tokens_per_update"] for w in run.windows)
+    started = []
+    try:
+        for name in peers:  # one at a time: a start-up never overlaps anything measured
+            peer = compare_peers.start_peer(
+                name, data, compare_peers.PEERS_HOME / "runs" / f"bench-{name}", mean_tgt, args.device == "cuda"
+            )
+            started.append(peer)
+            compare_peers.wait_until_training(peer, args.warmup)
+        for k in range(args.rounds):
+            w = run.window(seconds=args.window_seconds)
+            line = f"round {k + 1}/{args.rounds}: nmt {w['tgt_tok_s']:,.0f}"
+            for peer in started:
+                pw = compare_peers.run_window(peer, args.window_seconds)
+                line += f" | {peer.name} {pw['tgt_tok_s']:,.0f}" if pw else f" | {peer.name} (no complete interval)"
+            print(line + " target tok/s", flush=True)
+    finally:
+        for peer in started:
+            compare_peers.stop(peer)
+    nmt_rounds = run.windows[-args.rounds :]
+    nmt_med = statistics.median(w["tgt_tok_s"] for w in nmt_rounds)
+    rows = []
+    for peer in started:
+        if not peer.windows:
+            raise SystemExit(f"{peer.name}: no complete log interval in any window; use longer --window-seconds")
+        med = statistics.median(w["tgt_tok_s"] for w in peer.windows)
+        rows.append(
+            {
+                "peer": peer.name,
+                "peer_tgt_tok_s": med,
+                "peer_windows": peer.windows,
+                "peer_tgt_tokens_per_update": statistics.median(w["tgt_tokens_per_update"] for w in peer.windows),
+                "peer_rss_mib": max(w["rss_mib"] for w in peer.windows),
+                "nmt_tgt_tok_s": nmt_med,
+                "nmt_tgt_tokens_per_update": statistics.median(w["tgt_tokens_per_update"] for w in nmt_rounds),
+                "ratio": nmt_med / med,
+            }
+        )
+    return rows
 
 
 def main() -> None:
@@ -150,9 +221,20 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--window-steps", type=int, default=30)
     ap.add_argument("--decode-sentences", type=int, default=2000)
+    ap.add_argument("--compare", default="", help="peers to train side by side with the first model: joey,onmt")
+    ap.add_argument("--rounds", type=int, default=3, help="--compare: nmt/peer window rounds")
+    ap.add_argument("--window-seconds", type=float, default=60.0, help="--compare: length of every window")
     ap.add_argument("--json")
     args = ap.parse_args()
-    rows = [measure(m, MODELS[m], args) for m in args.models.split(",")]
+    rows, compared = [], []
+    for k, m in enumerate(args.models.split(",")):
+        run = NmtRun(m, MODELS[m], args)
+        for _ in range(args.windows):
+            run.window(steps=args.window_steps)
+        if k == 0 and args.compare:
+            compared = compare(run, args.compare.split(","), args)
+        rows.append(run.result(args))
+        del run
     meta = {
         "device": args.device,
         "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
@@ -171,8 +253,18 @@ def main() -> None:
             f"| {r['model']} | {r['tgt_tok_s']:,.0f} | {r['src_tgt_tok_s']:,.0f} | {100 * r['data_wait']:.1f}% | "
             f"{r['peak_mib']:,.0f} | {r['beam1_sent_s']:,.0f} | {r['beam5_sent_s']:,.0f} |"
         )
+    if compared:
+        print(f"\n{rows[0]['model']} against its peers, {args.rounds} rounds of {args.window_seconds:.0f} s windows")
+        print("| peer | peer tgt tok/s | nmt tgt tok/s | nmt / peer | tgt tok per update (peer / nmt) | peer RSS MiB |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for c in compared:
+            print(
+                f"| {c['peer']} | {c['peer_tgt_tok_s']:,.0f} | {c['nmt_tgt_tok_s']:,.0f} | {c['ratio']:.2f}x | "
+                f"{c['peer_tgt_tokens_per_update']:,.0f} / {c['nmt_tgt_tokens_per_update']:,.0f} | "
+                f"{c['peer_rss_mib']:,.0f} |"
+            )
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows, "compare": compared}, indent=1))
 
 
 if __name__ == "__main__":
