@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from nmt.config import register_configs, to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
-from nmt.data.batching import BatchStream, worker_init
+from nmt.data.batching import BatchStream, worker_context, worker_init
 from nmt.data.corpus import load_pairs
 from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist, init_distributed, shutdown
@@ -156,6 +156,9 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
         # after a resume restored it, and the resumed run's dropout masks would drift.
         generator=torch.Generator().manual_seed(cfg.seed),
         worker_init_fn=worker_init,
+        # Explicit: inside a joblib (loky) sweep job the default context is loky's, which cannot
+        # start a DataLoader worker.
+        multiprocessing_context=worker_context() if workers else None,
     )
     try:
         result = trainer.fit(iter(loader))

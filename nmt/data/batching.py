@@ -9,6 +9,8 @@ same amount of work, so the step time and memory stay flat. The whole pipeline
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import random
 import signal
 from collections.abc import Iterator, Sequence
@@ -220,12 +222,25 @@ def shard_starts(positions: Sequence[Sequence[int]], num_shards: int) -> tuple[l
     return [(epoch, skip)] * num_shards, False
 
 
+# Seconds a DataLoader worker keeps serving after a SIGTERM before it exits by itself.
+WORKER_TERM_GRACE_S = 30
+
+
 def worker_init(_worker_id: int) -> None:
-    """DataLoader workers ignore SIGINT/SIGTERM: Ctrl-C, `timeout` or a cluster's pre-emption signal the
-    whole process group, and the main process must outlive its worker long enough to save a checkpoint.
-    A worker still ends with the main process (the DataLoader shuts it down, or sees its parent gone)."""
+    """Ctrl-C, `timeout` or a cluster's pre-emption signal the whole process group, and the main
+    process must outlive its worker long enough to save a checkpoint (a worker that dies first makes
+    the DataLoader raise in the middle of the step). So a worker ignores SIGINT, and on SIGTERM keeps
+    serving for WORKER_TERM_GRACE_S seconds, then exits with status 0 (which the DataLoader does not
+    treat as a failure). The grace also ends a worker that multiprocessing's exit hook terminates in
+    a script that never closed its DataLoader; normally the DataLoader shuts it down itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: signal.alarm(WORKER_TERM_GRACE_S))
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """fork where the platform has it (cheap, inherits the parent's imports), else spawn."""
+    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
 
 
 def eval_batches(

@@ -87,6 +87,17 @@ class Decoder(nn.Module):
                     f"decoder.tie_embeddings needs the output size {out_size} == decoder.emb_size {emb_size}"
                 )
             self.out.weight = self.embed.weight
+        # Precision of the teacher-forced vocabulary projection (None = the surrounding one). It is
+        # most of a training step's arithmetic, so on CPUs with bf16 matrix units the trainer runs it
+        # alone in bf16 (the step loop's many small products would lose more to casts than they gain).
+        self.logits_dtype: torch.dtype | None = None
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, O] → [B, T, V], once over all steps of a teacher-forced pass."""
+        if self.logits_dtype is None:
+            return self.out(x)
+        with torch.autocast(x.device.type, dtype=self.logits_dtype):
+            return self.out(x)
 
     # ---- the recurrent cell, shared by every loop and by search ----
     def _w(self, name: str, layer: int) -> torch.Tensor:
@@ -219,7 +230,7 @@ class BahdanauDecoder(Decoder):
             ctxs[:, t], ws[:, t], state = self._core(gx[:, t], state)
             hs[:, t] = top(state.hidden)
         # Readout and output projection once, over all steps.
-        return self.out(self._readout(hs, ctxs, emb)), ws
+        return self.logits(self._readout(hs, ctxs, emb)), ws
 
 
 class LuongDecoder(Decoder):
@@ -283,7 +294,7 @@ class LuongDecoder(Decoder):
             # attention for all steps as batched matrix products.
             h, _ = self.rnn(emb, enc.state)  # [B, T, H]
             att, ws = self._attend(h, self.attention.prepare(enc.keys, enc.mask))
-            return self.out(att), ws
+            return self.logits(att), ws
         B, T = tgt_in.shape
         gx = self.embed_gates(emb)  # [B, T, G*H], once for all steps
         state = self.init_state(enc)
@@ -291,7 +302,7 @@ class LuongDecoder(Decoder):
         ws = emb.new_empty(B, T, enc.keys.size(1))
         for t in range(T):
             atts[:, t], ws[:, t], state = self._core(gx[:, t], state)
-        return self.out(atts), ws
+        return self.logits(atts), ws
 
 
 DECODERS = {"bahdanau": BahdanauDecoder, "luong": LuongDecoder}
