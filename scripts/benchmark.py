@@ -167,12 +167,13 @@ class NmtRun:
         }
 
 
-def compare(run: NmtRun, peers: list[str], args) -> list[dict]:
-    """Alternate nmt and peer windows (round after round) and return one row per peer with ratios."""
+def compare(runs: list[NmtRun], peers: list[str], args) -> list[dict]:
+    """Alternate windows of every nmt model and every peer, round after round; one row per (model, peer)."""
+    first = runs[0]
     data = compare_peers.prepare_data(
-        run.tok, run.specs, load_pairs, compare_peers.PEERS_HOME / "data" / f"nmt-{run.name}"
+        first.tok, first.specs, load_pairs, compare_peers.PEERS_HOME / "data" / f"nmt-{first.name}"
     )
-    mean_tgt = statistics.mean(w["tgt_tokens_per_update"] for w in run.windows)
+    mean_tgt = statistics.mean(w["tgt_tokens_per_update"] for w in first.windows)
     started = []
     try:
         for name in peers:  # one at a time: a start-up never overlaps anything measured
@@ -182,34 +183,37 @@ def compare(run: NmtRun, peers: list[str], args) -> list[dict]:
             started.append(peer)
             compare_peers.wait_until_training(peer, args.warmup)
         for k in range(args.rounds):
-            w = run.window(seconds=args.window_seconds)
-            line = f"round {k + 1}/{args.rounds}: nmt {w['tgt_tok_s']:,.0f}"
+            line = f"round {k + 1}/{args.rounds}:"
+            for run in runs:
+                line += f" {run.name} {run.window(seconds=args.window_seconds)['tgt_tok_s']:,.0f} |"
             for peer in started:
                 pw = compare_peers.run_window(peer, args.window_seconds)
-                line += f" | {peer.name} {pw['tgt_tok_s']:,.0f}" if pw else f" | {peer.name} (no complete interval)"
+                line += f" {peer.name} {pw['tgt_tok_s']:,.0f} |" if pw else f" {peer.name} (no complete interval) |"
             print(line + " target tok/s", flush=True)
     finally:
         for peer in started:
             compare_peers.stop(peer)
-    nmt_rounds = run.windows[-args.rounds :]
-    nmt_med = statistics.median(w["tgt_tok_s"] for w in nmt_rounds)
     rows = []
-    for peer in started:
-        if not peer.windows:
-            raise SystemExit(f"{peer.name}: no complete log interval in any window; use longer --window-seconds")
-        med = statistics.median(w["tgt_tok_s"] for w in peer.windows)
-        rows.append(
-            {
-                "peer": peer.name,
-                "peer_tgt_tok_s": med,
-                "peer_windows": peer.windows,
-                "peer_tgt_tokens_per_update": statistics.median(w["tgt_tokens_per_update"] for w in peer.windows),
-                "peer_rss_mib": max(w["rss_mib"] for w in peer.windows),
-                "nmt_tgt_tok_s": nmt_med,
-                "nmt_tgt_tokens_per_update": statistics.median(w["tgt_tokens_per_update"] for w in nmt_rounds),
-                "ratio": nmt_med / med,
-            }
-        )
+    for run in runs:
+        nmt_rounds = run.windows[-args.rounds :]
+        nmt_med = statistics.median(w["tgt_tok_s"] for w in nmt_rounds)
+        for peer in started:
+            if not peer.windows:
+                raise SystemExit(f"{peer.name}: no complete log interval in any window; use longer --window-seconds")
+            med = statistics.median(w["tgt_tok_s"] for w in peer.windows)
+            rows.append(
+                {
+                    "model": run.name,
+                    "peer": peer.name,
+                    "peer_tgt_tok_s": med,
+                    "peer_windows": peer.windows,
+                    "peer_tgt_tokens_per_update": statistics.median(w["tgt_tokens_per_update"] for w in peer.windows),
+                    "peer_rss_mib": max(w["rss_mib"] for w in peer.windows),
+                    "nmt_tgt_tok_s": nmt_med,
+                    "nmt_tgt_tokens_per_update": statistics.median(w["tgt_tokens_per_update"] for w in nmt_rounds),
+                    "ratio": nmt_med / med,
+                }
+            )
     return rows
 
 
@@ -222,20 +226,19 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--window-steps", type=int, default=30)
     ap.add_argument("--decode-sentences", type=int, default=2000)
-    ap.add_argument("--compare", default="", help="peers to train side by side with the first model: joey,onmt")
+    ap.add_argument("--compare", default="", help="peers to train side by side with the models: joey,onmt")
     ap.add_argument("--rounds", type=int, default=3, help="--compare: nmt/peer window rounds")
     ap.add_argument("--window-seconds", type=float, default=60.0, help="--compare: length of every window")
     ap.add_argument("--json")
     args = ap.parse_args()
-    rows, compared = [], []
-    for k, m in enumerate(args.models.split(",")):
+    runs = []
+    for m in args.models.split(","):
         run = NmtRun(m, MODELS[m], args)
         for _ in range(args.windows):
             run.window(steps=args.window_steps)
-        if k == 0 and args.compare:
-            compared = compare(run, args.compare.split(","), args)
-        rows.append(run.result(args))
-        del run
+        runs.append(run)
+    compared = compare(runs, args.compare.split(","), args) if args.compare else []
+    rows = [run.result(args) for run in runs]
     meta = {
         "device": args.device,
         "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
@@ -255,12 +258,13 @@ def main() -> None:
             f"{r['peak_mib']:,.0f} | {r['beam1_sent_s']:,.0f} | {r['beam5_sent_s']:,.0f} |"
         )
     if compared:
-        print(f"\n{rows[0]['model']} against its peers, {args.rounds} rounds of {args.window_seconds:.0f} s windows")
-        print("| peer | peer tgt tok/s | nmt tgt tok/s | nmt / peer | tgt tok per update (peer / nmt) | peer RSS MiB |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print(f"\nagainst the peers: {args.rounds} rounds of {args.window_seconds:.0f} s windows, alternating")
+        print("| model | peer | peer tgt tok/s | nmt tgt tok/s | nmt / peer | tgt tok/update (peer / nmt) | peer MiB |")
+        print("|---|---|---:|---:|---:|---:|---:|")
         for c in compared:
             print(
-                f"| {c['peer']} | {c['peer_tgt_tok_s']:,.0f} | {c['nmt_tgt_tok_s']:,.0f} | {c['ratio']:.2f}x | "
+                f"| {c['model']} | {c['peer']} | {c['peer_tgt_tok_s']:,.0f} | {c['nmt_tgt_tok_s']:,.0f} | "
+                f"{c['ratio']:.2f}x | "
                 f"{c['peer_tgt_tokens_per_update']:,.0f} / {c['nmt_tgt_tokens_per_update']:,.0f} | "
                 f"{c['peer_rss_mib']:,.0f} |"
             )
