@@ -132,3 +132,30 @@ def test_scheduled_sampling_trains(order, cell, feed, seeded):
     assert logits.shape == (3, b.tgt_in.size(1), V)
     logits.sum().backward()
     assert all(p.grad is not None for p in model.decoder.rnn.parameters())
+
+
+@pytest.mark.parametrize("order,feed", [("bahdanau", True), ("luong", False)])
+def test_bf16_vocabulary_projection_matches_float32_loss_and_gradients(order, feed, seeded):
+    """The CPU fast path (only the output projection in bf16) stays within bf16 rounding of float32."""
+    from nmt.models.seq2seq import nll_loss
+
+    model = tiny_model(order, "gru", feed).train()
+    b = random_batch()
+
+    def loss_and_grads(dtype):
+        model.zero_grad()
+        model.decoder.logits_dtype = dtype
+        logits, _ = model(b.src, b.src_len, b.tgt_in)
+        loss = nll_loss(logits, b.tgt_out, 0.1) / b.n_tgt_tokens
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    loss32, g32 = loss_and_grads(None)
+    loss16, g16 = loss_and_grads(torch.bfloat16)
+    assert model.decoder.logits(torch.ones(1, 1, model.decoder.out_size)).dtype == torch.bfloat16
+    assert loss16 != loss32  # the fast path really ran in bf16
+    torch.testing.assert_close(loss16, loss32, rtol=1e-2, atol=1e-2)
+    assert g16.keys() == g32.keys()
+    for n in g32:
+        scale = g32[n].abs().max().clamp_min(1e-3)
+        assert (g16[n] - g32[n]).abs().max() / scale < 0.05, n
