@@ -219,18 +219,19 @@ class BahdanauDecoder(Decoder):
         return self.out(self._readout(top(state.hidden), ctx, emb)), state, w
 
     def _teacher_forced(self, tgt_in, enc):
-        B, T = tgt_in.shape
         emb = self.dropout(self.embed(tgt_in))  # [B, T, E]
-        gx = self.embed_gates(emb)  # [B, T, G*H], once for all steps
+        # Embedding gates once for all steps, split into per-step views with one unbind: indexing
+        # gx[:, t] instead would make backward zero-fill and add a full [B, T, G*H] gradient per step.
         state = self.init_state(enc)
-        hs = emb.new_empty(B, T, self.hidden_size)
-        ctxs = emb.new_empty(B, T, self.key_size)
-        ws = emb.new_empty(B, T, enc.keys.size(1))
-        for t in range(T):
-            ctxs[:, t], ws[:, t], state = self._core(gx[:, t], state)
-            hs[:, t] = top(state.hidden)
-        # Readout and output projection once, over all steps.
-        return self.logits(self._readout(hs, ctxs, emb)), ws
+        hs, ctxs, ws = [], [], []
+        for gx_t in self.embed_gates(emb).unbind(1):  # [B, G*H] each
+            ctx, w, state = self._core(gx_t, state)
+            ctxs.append(ctx)
+            ws.append(w)
+            hs.append(top(state.hidden))
+        # Readout and output projection once, over all steps (stacked once, for the same reason).
+        hs, ctxs = torch.stack(hs, 1), torch.stack(ctxs, 1)  # [B, T, H], [B, T, K]
+        return self.logits(self._readout(hs, ctxs, emb)), torch.stack(ws, 1)
 
 
 class LuongDecoder(Decoder):
@@ -295,14 +296,13 @@ class LuongDecoder(Decoder):
             h, _ = self.rnn(emb, enc.state)  # [B, T, H]
             att, ws = self._attend(h, self.attention.prepare(enc.keys, enc.mask))
             return self.logits(att), ws
-        B, T = tgt_in.shape
-        gx = self.embed_gates(emb)  # [B, T, G*H], once for all steps
         state = self.init_state(enc)
-        atts = emb.new_empty(B, T, self.out_size)
-        ws = emb.new_empty(B, T, enc.keys.size(1))
-        for t in range(T):
-            atts[:, t], ws[:, t], state = self._core(gx[:, t], state)
-        return self.logits(atts), ws
+        atts, ws = [], []
+        for gx_t in self.embed_gates(emb).unbind(1):  # hoisted embedding gates, one view per step
+            att, w, state = self._core(gx_t, state)
+            atts.append(att)
+            ws.append(w)
+        return self.logits(torch.stack(atts, 1)), torch.stack(ws, 1)
 
 
 DECODERS = {"bahdanau": BahdanauDecoder, "luong": LuongDecoder}
