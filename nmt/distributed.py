@@ -11,15 +11,12 @@ single process. NCCL is used when the run's device is CUDA, gloo otherwise.
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-
-log = logging.getLogger(__name__)
 
 # How long a rank waits in a collective before giving up. Rank 0 validates while the others
 # wait in a broadcast, so this must exceed the longest validation.
@@ -46,18 +43,17 @@ class Dist:
 
     def max(self, values: list[float]) -> list[float]:
         """Element-wise maximum over ranks (stop flags, elapsed time, epoch)."""
-        if not self.active:
-            return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.tolist()
+        return self._all_reduce(values, dist.ReduceOp.MAX)
 
     def sum(self, values: list[float]) -> list[float]:
         """Element-wise sum over ranks (token counts, loss sums)."""
+        return self._all_reduce(values, dist.ReduceOp.SUM)
+
+    def _all_reduce(self, values: list[float], op: dist.ReduceOp) -> list[float]:
         if not self.active:
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
         return t.tolist()
 
     def broadcast(self, obj: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import hydra
@@ -23,8 +24,8 @@ from omegaconf import DictConfig
 
 from nmt.config import register_configs, to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
-from nmt.data.batching import BatchStream, worker_context, worker_init
-from nmt.data.corpus import load_pairs
+from nmt.data.batching import Batch, BatchStream, worker_context, worker_init
+from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist, init_distributed, shutdown
 from nmt.errors import ConfigError, NmtError
@@ -64,6 +65,46 @@ def quiet_other_ranks(d: Dist) -> None:
         else:
             h.setFormatter(logging.Formatter(f"[rank {d.rank}][%(name)s][%(levelname)s] - %(message)s"))
     root.setLevel(logging.WARNING)
+
+
+def build_loader(
+    cfg: DictConfig,
+    train: CorpusSpec,
+    tokenizer: Tokenizer,
+    device: torch.device,
+    shards: Sequence[int] = (0,),
+    num_shards: int = 1,
+    starts: Sequence[tuple[int, int]] | None = None,
+) -> Iterator[Batch]:
+    """The training batches: this rank's shards of the stream, built in a DataLoader worker."""
+    d = cfg.data
+    stream = BatchStream(
+        train,
+        tokenizer.state_dict(),
+        d.max_len,
+        d.max_tokens,
+        d.bucket_size,
+        d.shuffle_buffer,
+        cfg.seed,
+        shards=shards,
+        num_shards=num_shards,
+        starts=starts,
+    )
+    loader = torch.utils.data.DataLoader(
+        stream,
+        batch_size=None,
+        num_workers=d.num_workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=8 if d.num_workers else None,
+        # Its own generator: making the iterator would otherwise draw a seed from the global RNG
+        # after a resume restored it, and the resumed run's dropout masks would drift.
+        generator=torch.Generator().manual_seed(cfg.seed),
+        worker_init_fn=worker_init,
+        # Explicit: inside a joblib (loky) sweep job the default context is loky's, which cannot
+        # start a DataLoader worker.
+        multiprocessing_context=worker_context() if d.num_workers else None,
+    )
+    return iter(loader)
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict:
@@ -133,35 +174,11 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     if resume_from is not None:
         trainer.load_state(*resume_from)
     p = trainer.progress
-    stream = BatchStream(
-        specs["train"],
-        tokenizer.state_dict(),
-        cfg.data.max_len,
-        cfg.data.max_tokens,
-        cfg.data.bucket_size,
-        cfg.data.shuffle_buffer,
-        cfg.seed,
-        shards=trainer.shards,
-        num_shards=trainer.num_shards,
-        starts=trainer.data_starts(),
-    )
-    workers = cfg.data.num_workers
-    loader = torch.utils.data.DataLoader(
-        stream,
-        batch_size=None,
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-        prefetch_factor=8 if workers else None,
-        # Its own generator: making the iterator would otherwise draw a seed from the global RNG
-        # after a resume restored it, and the resumed run's dropout masks would drift.
-        generator=torch.Generator().manual_seed(cfg.seed),
-        worker_init_fn=worker_init,
-        # Explicit: inside a joblib (loky) sweep job the default context is loky's, which cannot
-        # start a DataLoader worker.
-        multiprocessing_context=worker_context() if workers else None,
+    loader = build_loader(
+        cfg, specs["train"], tokenizer, device, trainer.shards, trainer.num_shards, trainer.data_starts()
     )
     try:
-        result = trainer.fit(iter(loader))
+        result = trainer.fit(loader)
     finally:
         if logger is not None:
             logger.finish()

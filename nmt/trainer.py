@@ -229,7 +229,7 @@ class Trainer:
         self.amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}.get(self.t.amp, "?")
         if self.amp_dtype == "?":
             raise ConfigError(f"trainer.amp={self.t.amp!r} is unknown; choose none, bf16 or fp16")
-        precision = f"{self.t.amp} autocast"
+        precision = "float32" if self.amp_dtype is None else f"{self.t.amp} autocast"
         if device.type == "cpu":
             # Autocasting the whole CPU step loses: its many small per-step products pay more in casts
             # than they gain. Only the vocabulary projection runs in bf16, and only where the CPU has
@@ -238,7 +238,7 @@ class Trainer:
             model.decoder.logits_dtype = torch.bfloat16 if native else None
             precision = "float32, bf16 vocabulary projection" if native else "float32"
             self.amp_dtype = None
-        log.info("training precision: %s", "float32" if self.amp_dtype is None and device.type != "cpu" else precision)
+        log.info("training precision: %s", precision)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         valid_src = [s for s, _ in valid_pairs]
         self.valid_src_ids = tokenizer.encode_src(valid_src)

@@ -36,14 +36,12 @@ import compare_peers
 import torch
 from hydra import compose, initialize_config_dir
 
-import nmt.train  # noqa: F401  (registers the config schema)
 from nmt.config import to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
-from nmt.data.batching import BatchStream, worker_init
 from nmt.data.corpus import load_pairs
 from nmt.models.build import build_model
 from nmt.search import SearchOptions
-from nmt.train import resolve_device
+from nmt.train import build_loader, resolve_device  # (importing nmt.train registers the config schema)
 from nmt.trainer import Trainer
 from nmt.translator import Translator
 
@@ -84,25 +82,7 @@ class NmtRun:
             load_pairs(self.specs["valid"], limit=10),
             None,
         )
-        stream = BatchStream(
-            self.specs["train"],
-            tok.state_dict(),
-            cfg.data.max_len,
-            cfg.data.max_tokens,
-            cfg.data.bucket_size,
-            cfg.data.shuffle_buffer,
-            cfg.seed,
-        )
-        self.loader = iter(
-            torch.utils.data.DataLoader(
-                stream,
-                batch_size=None,
-                num_workers=cfg.data.num_workers,
-                pin_memory=device.type == "cuda",
-                prefetch_factor=8 if cfg.data.num_workers else None,
-                worker_init_fn=worker_init,
-            )
-        )
+        self.loader = build_loader(cfg, self.specs["train"], tok, device)
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.windows: list[dict] = []
         self.model.train()

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmark_memory import tree_rss_mib
+
 HERE = Path(__file__).resolve().parent
 PEERS_HOME = Path(os.environ.get("NMT_PEERS", "/tmp/peers"))
 # Real target tokens per update that the shared recipes' budgets give on spa-eng (../shared/peers):
@@ -82,20 +84,8 @@ class Peer:
         return parse(self.log.read_text(encoding="utf-8", errors="replace")) if self.log.is_file() else []
 
     def tree_rss_mib(self) -> float:
-        """Resident memory of the peer's process group (main process and data workers)."""
-        total = 0
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                if os.getpgid(int(pid)) != self.proc.pid:
-                    continue
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-            except (OSError, ProcessLookupError):
-                continue
-        return total / 1024
+        """Resident memory of the peer (main process and data workers)."""
+        return tree_rss_mib(self.proc.pid)
 
 
 def _ts(text: str) -> float:

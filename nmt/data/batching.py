@@ -8,6 +8,7 @@ same amount of work, so the step time and memory stay flat. The whole pipeline
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -39,28 +40,14 @@ class Batch:
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
-        return Batch(
-            self.src.to(device, non_blocking=nb),
-            self.src_len,
-            self.tgt_in.to(device, non_blocking=nb),
-            self.tgt_out.to(device, non_blocking=nb),
-            self.n_tgt_tokens,
-            self.epoch,
-            self.index,
-            self.shard,
-        )
+        return self._map(lambda t: t.to(device, non_blocking=nb))
 
     def pin_memory(self) -> Batch:
-        return Batch(
-            self.src.pin_memory(),
-            self.src_len,
-            self.tgt_in.pin_memory(),
-            self.tgt_out.pin_memory(),
-            self.n_tgt_tokens,
-            self.epoch,
-            self.index,
-            self.shard,
-        )
+        return self._map(torch.Tensor.pin_memory)
+
+    def _map(self, fn) -> Batch:
+        """The id tensors through ``fn``; src_len stays on the CPU (pack_padded_sequence wants it there)."""
+        return dataclasses.replace(self, src=fn(self.src), tgt_in=fn(self.tgt_in), tgt_out=fn(self.tgt_out))
 
 
 def pad(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
