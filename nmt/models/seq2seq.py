@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nmt.data.tokenizer import PAD
 from nmt.models.decoder import Decoder, DecoderState
 from nmt.models.encoder import Encoder, EncoderOutput
+from nmt.models.loss import label_smoothed_nll
 
 
 class Seq2Seq(nn.Module):
@@ -70,10 +70,4 @@ def nll_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float 
     Summed, not averaged, so the caller divides by the token count it already knows on the
     host (no device sync) and gradient accumulation weighs every token equally.
     """
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(),
-        target.flatten(),
-        ignore_index=PAD,
-        label_smoothing=label_smoothing,
-        reduction="sum",
-    )
+    return label_smoothed_nll(logits.flatten(0, 1), target.flatten(), label_smoothing, PAD)
