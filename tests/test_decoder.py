@@ -90,10 +90,10 @@ def test_hand_written_cell_matches_torch_cell(cell, seeded):
     x, h = torch.randn(3, 8), torch.randn(3, 12)
     gx = torch.nn.functional.linear(x, dec.rnn.weight_ih_l0, dec.rnn.bias_ih_l0)
     if cell == "gru":
-        torch.testing.assert_close(dec._cell(gx, h, None, 0)[0], torch_cell(x, h))
+        torch.testing.assert_close(dec._cell(gx, h, None, dec.loop_weights().hh[0])[0], torch_cell(x, h))
     else:
         c = torch.randn(3, 12)
-        got_h, got_c = dec._cell(gx, h, c, 0)
+        got_h, got_c = dec._cell(gx, h, c, dec.loop_weights().hh[0])
         ref_h, ref_c = torch_cell(x, (h, c))
         torch.testing.assert_close(got_h, ref_h)
         torch.testing.assert_close(got_c, ref_c)
@@ -134,25 +134,54 @@ def test_scheduled_sampling_trains(order, cell, feed, seeded):
     assert all(p.grad is not None for p in model.decoder.rnn.parameters())
 
 
-@pytest.mark.parametrize("order,feed", [("bahdanau", True), ("luong", False)])
-def test_bf16_vocabulary_projection_matches_float32_loss_and_gradients(order, feed, seeded):
-    """The CPU fast path (only the output projection in bf16) stays within bf16 rounding of float32."""
+def loss_and_grads(model, b):
     from nmt.models.seq2seq import nll_loss
 
-    model = tiny_model(order, "gru", feed).train()
+    model.zero_grad()
+    logits, _ = model(b.src, b.src_len, b.tgt_in)
+    loss = nll_loss(logits, b.tgt_out, 0.1) / b.n_tgt_tokens
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+class EagerLinear:
+    """The plain path that StepLinear replaces: F.linear per step, autograd accumulates ∂W per step."""
+
+    def __init__(self, weight, bias=None, dtype=None):
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x):
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+@pytest.mark.parametrize("order,cell,feed", CASES)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_one_weight_gradient_per_pass_matches_per_step_autograd(order, cell, feed, layers, seeded, monkeypatch):
+    """Step-loop weights (StepLinear: ∂W once per pass) give the eager per-step loop's loss and gradients."""
+    import nmt.models.decoder
+
+    model = tiny_model(order, cell, feed, layers=layers).train()
     b = random_batch()
+    loss, grads = loss_and_grads(model, b)
+    monkeypatch.setattr(nmt.models.decoder, "StepLinear", EagerLinear)
+    ref_loss, ref_grads = loss_and_grads(model, b)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == ref_grads.keys()
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-5, atol=1e-6, msg=n)
 
-    def loss_and_grads(dtype):
-        model.zero_grad()
-        model.decoder.logits_dtype = dtype
-        logits, _ = model(b.src, b.src_len, b.tgt_in)
-        loss = nll_loss(logits, b.tgt_out, 0.1) / b.n_tgt_tokens
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    loss32, g32 = loss_and_grads(None)
-    loss16, g16 = loss_and_grads(torch.bfloat16)
+@pytest.mark.parametrize("order,cell,feed", CASES)
+def test_bf16_decoder_products_match_float32_loss_and_gradients(order, cell, feed, seeded):
+    """The CPU fast path (vocabulary projection and step-loop GEMMs in bf16) stays within bf16
+    rounding of float32."""
+    model = tiny_model(order, cell, feed, layers=2).train()
+    b = random_batch()
+    loss32, g32 = loss_and_grads(model, b)
+    model.decoder.matmul_dtype = torch.bfloat16
+    loss16, g16 = loss_and_grads(model, b)
     assert model.decoder.logits(torch.ones(1, 1, model.decoder.out_size)).dtype == torch.bfloat16
+    assert model.decoder.loop_weights().hh[0].w.dtype == torch.bfloat16
     assert loss16 != loss32  # the fast path really ran in bf16
     torch.testing.assert_close(loss16, loss32, rtol=1e-2, atol=1e-2)
     assert g16.keys() == g32.keys()

@@ -25,6 +25,16 @@ from nmt.data.tokenizer import PAD
 from nmt.errors import ConfigError
 from nmt.models.attention import Attention, AttentionState
 from nmt.models.encoder import RNNS, EncoderOutput, RNNState, check_cell
+from nmt.models.loop import StepLinear
+
+
+@dataclass
+class LoopWeights:
+    """The decoder RNN's per-step products, prepared once per pass."""
+
+    extra: StepLinear  # layer 0's context / fed-vector half of the input GEMM
+    ih: list[StepLinear]  # input GEMMs of layers 1..L-1
+    hh: list[StepLinear]  # hidden GEMMs of every layer
 
 
 @dataclass
@@ -87,16 +97,17 @@ class Decoder(nn.Module):
                     f"decoder.tie_embeddings needs the output size {out_size} == decoder.emb_size {emb_size}"
                 )
             self.out.weight = self.embed.weight
-        # Precision of the teacher-forced vocabulary projection (None = the surrounding one). It is
-        # most of a training step's arithmetic, so on CPUs with bf16 matrix units the trainer runs it
-        # alone in bf16 (the step loop's many small products would lose more to casts than they gain).
-        self.logits_dtype: torch.dtype | None = None
+        # Precision of the decoder's products on CPUs with bf16 matrix units (None = the surrounding
+        # one), set by the trainer: the vocabulary projection and the step loop's GEMMs, which are
+        # most of a step's arithmetic. The loop's weights are cast once per pass; its state and gate
+        # maths stay float32 (whole-step autocast was slower: a cast per op per time step).
+        self.matmul_dtype: torch.dtype | None = None
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, O] → [B, T, V], once over all steps of a teacher-forced pass."""
-        if self.logits_dtype is None:
+        if self.matmul_dtype is None:
             return self.out(x)
-        with torch.autocast(x.device.type, dtype=self.logits_dtype):
+        with torch.autocast(x.device.type, dtype=self.matmul_dtype):
             return self.out(x)
 
     # ---- the recurrent cell, shared by every loop and by search ----
@@ -107,13 +118,18 @@ class Decoder(nn.Module):
         """Embedding half of layer 0's input GEMM (+ its bias): [.., E] → [.., G*H]. Hoistable."""
         return F.linear(emb, self._w("weight_ih", 0)[:, : self.emb_size], self._w("bias_ih", 0))
 
-    def extra_gates(self, x: torch.Tensor) -> torch.Tensor:
-        """The other half of layer 0's input GEMM (context or fed vector): [B, X] → [B, G*H]."""
-        return F.linear(x, self._w("weight_ih", 0)[:, self.emb_size :])
+    def loop_weights(self) -> LoopWeights:
+        """The RNN's per-step products for one pass (one weight gradient each; see nmt.models.loop)."""
+        dt = self.matmul_dtype
+        return LoopWeights(
+            extra=StepLinear(self._w("weight_ih", 0)[:, self.emb_size :], dtype=dt),
+            ih=[StepLinear(self._w("weight_ih", k), self._w("bias_ih", k), dt) for k in range(1, self.layers)],
+            hh=[StepLinear(self._w("weight_hh", k), self._w("bias_hh", k), dt) for k in range(self.layers)],
+        )
 
-    def _cell(self, gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, layer: int):
+    def _cell(self, gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, hh: StepLinear):
         """One GRU/LSTM cell step from precomputed input gates gx [B, G*H] (PyTorch's equations)."""
-        gh = F.linear(h, self._w("weight_hh", layer), self._w("bias_hh", layer))
+        gh = hh(h)  # [B, G*H]
         if self.lstm:
             i, f, g, o = (gx + gh).chunk(4, dim=1)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
@@ -124,18 +140,17 @@ class Decoder(nn.Module):
         n = torch.tanh(xn + r * hn)
         return n + z * (h - n), None
 
-    def rnn_step(self, gx0: torch.Tensor, hidden: RNNState) -> RNNState:
+    def rnn_step(self, gx0: torch.Tensor, hidden: RNNState, lw: LoopWeights) -> RNNState:
         """Advance every layer one step; gx0 [B, G*H] are layer 0's input gates."""
         hs, cs = hidden if self.lstm else (hidden, None)
         new_h, new_c = [], []
         gx = gx0
         for layer in range(self.layers):
-            h, c = self._cell(gx, hs[layer], None if cs is None else cs[layer], layer)
+            h, c = self._cell(gx, hs[layer], None if cs is None else cs[layer], lw.hh[layer])
             new_h.append(h)
             new_c.append(c)
             if layer + 1 < self.layers:
-                below = F.dropout(h, self.rnn.dropout, self.training)
-                gx = F.linear(below, self._w("weight_ih", layer + 1), self._w("bias_ih", layer + 1))
+                gx = lw.ih[layer](F.dropout(h, self.rnn.dropout, self.training))
         h_out = torch.stack(new_h)
         return (h_out, torch.stack(new_c)) if self.lstm else h_out
 
@@ -208,24 +223,24 @@ class BahdanauDecoder(Decoder):
     def _readout(self, h: torch.Tensor, ctx: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         return self.dropout(torch.tanh(self.readout(torch.cat([h, ctx, emb], dim=-1))))
 
-    def _core(self, gx_emb: torch.Tensor, state: DecoderState):
+    def _core(self, gx_emb: torch.Tensor, state: DecoderState, lw: LoopWeights):
         ctx, w = self.attention(top(state.hidden), state.attn)  # [B, K], [B, S]
-        hidden = self.rnn_step(gx_emb + self.extra_gates(ctx), state.hidden)
+        hidden = self.rnn_step(gx_emb + lw.extra(ctx), state.hidden, lw)
         return ctx, w, DecoderState(hidden, self.attention.advance(state.attn, w))
 
     def step(self, y_prev, state):
         emb = self.dropout(self.embed(y_prev))  # [B, E]
-        ctx, w, state = self._core(self.embed_gates(emb), state)
+        ctx, w, state = self._core(self.embed_gates(emb), state, self.loop_weights())
         return self.out(self._readout(top(state.hidden), ctx, emb)), state, w
 
     def _teacher_forced(self, tgt_in, enc):
         emb = self.dropout(self.embed(tgt_in))  # [B, T, E]
         # Embedding gates once for all steps, split into per-step views with one unbind: indexing
         # gx[:, t] instead would make backward zero-fill and add a full [B, T, G*H] gradient per step.
-        state = self.init_state(enc)
+        state, lw = self.init_state(enc), self.loop_weights()
         hs, ctxs, ws = [], [], []
         for gx_t in self.embed_gates(emb).unbind(1):  # [B, G*H] each
-            ctx, w, state = self._core(gx_t, state)
+            ctx, w, state = self._core(gx_t, state, lw)
             ctxs.append(ctx)
             ws.append(w)
             hs.append(top(state.hidden))
@@ -277,15 +292,16 @@ class LuongDecoder(Decoder):
             state.feed = enc.keys.new_zeros(enc.keys.size(0), self.out_size)
         return state
 
-    def _core(self, gx_emb: torch.Tensor, state: DecoderState):
-        gx = gx_emb + self.extra_gates(state.feed) if self.input_feeding else gx_emb
-        hidden = self.rnn_step(gx, state.hidden)
+    def _core(self, gx_emb: torch.Tensor, state: DecoderState, lw: LoopWeights):
+        gx = gx_emb + lw.extra(state.feed) if self.input_feeding else gx_emb
+        hidden = self.rnn_step(gx, state.hidden, lw)
         att, w = self._attend(top(hidden), state.attn)
         attn = self.attention.advance(state.attn, w)
         return att, w, DecoderState(hidden, attn, att if self.input_feeding else None)
 
     def step(self, y_prev, state):
-        att, w, state = self._core(self.embed_gates(self.dropout(self.embed(y_prev))), state)
+        emb = self.dropout(self.embed(y_prev))  # [B, E]
+        att, w, state = self._core(self.embed_gates(emb), state, self.loop_weights())
         return self.out(att), state, w
 
     def _teacher_forced(self, tgt_in, enc):
@@ -296,10 +312,10 @@ class LuongDecoder(Decoder):
             h, _ = self.rnn(emb, enc.state)  # [B, T, H]
             att, ws = self._attend(h, self.attention.prepare(enc.keys, enc.mask))
             return self.logits(att), ws
-        state = self.init_state(enc)
+        state, lw = self.init_state(enc), self.loop_weights()
         atts, ws = [], []
         for gx_t in self.embed_gates(emb).unbind(1):  # hoisted embedding gates, one view per step
-            att, w, state = self._core(gx_t, state)
+            att, w, state = self._core(gx_t, state, lw)
             atts.append(att)
             ws.append(w)
         return self.logits(torch.stack(atts, 1)), torch.stack(ws, 1)

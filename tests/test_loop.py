@@ -1,0 +1,66 @@
+"""StepLinear (one weight gradient per pass) against plain F.linear under autograd."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.models import loop
+from nmt.models.loop import StepLinear
+
+
+def recurrence(w, b, x0, h0, step_linear: bool, dtype=None):
+    """A GRU-like toy loop using the weight at every step, once with a 3-D input at the end."""
+    lin = StepLinear(w, b, dtype) if step_linear else (lambda x: F.linear(x, w, b))
+    h, hs = h0, []
+    for t in range(x0.size(1)):
+        h = torch.tanh(x0[:, t] + lin(h)[:, : h.size(1)])
+        hs.append(h)
+    out = lin(torch.stack(hs, 1))  # [B, T, O]: the same weight over all steps at once
+    return (out.square().mean() + h.sum()).float()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_loss_and_gradients_match_autograd(bias):
+    torch.manual_seed(0)
+    full = torch.randn(8, 10, requires_grad=True)
+    w = full[:, 2:]  # a slice of a bigger parameter, like the decoder's context half of W_ih
+    b = torch.randn(8, requires_grad=True) if bias else None
+    x0, h0 = torch.randn(3, 5, 8, requires_grad=True), torch.randn(3, 8, requires_grad=True)
+    leaves = [full, x0, h0] + ([b] if bias else [])
+    got = recurrence(w, b, x0, h0, True)
+    g_got = torch.autograd.grad(got, leaves)
+    ref = recurrence(w, b, x0, h0, False)
+    g_ref = torch.autograd.grad(ref, leaves)
+    torch.testing.assert_close(got, ref)
+    for a, r in zip(g_got, g_ref):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-6)
+
+
+def test_weight_gradient_is_one_product_after_all_steps(monkeypatch):
+    calls = []
+    real = loop._WeightGrad.backward
+    monkeypatch.setattr(loop._WeightGrad, "backward", staticmethod(lambda ctx, g: calls.append(1) or real(ctx, g)))
+    w = torch.randn(6, 6, requires_grad=True)
+    recurrence(w, None, torch.randn(2, 4, 6), torch.randn(2, 6), True).backward()
+    assert len(calls) == 1 and w.grad is not None
+
+
+def test_bf16_products_keep_float32_outputs_and_gradients():
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    x0, h0 = torch.randn(3, 5, 8), torch.randn(3, 8)
+    lin = StepLinear(w, None, torch.bfloat16)
+    assert lin.w.dtype == torch.bfloat16 and lin(h0).dtype == torch.float32
+    (g16,) = torch.autograd.grad(recurrence(w, None, x0, h0, True, torch.bfloat16), [w])
+    (g32,) = torch.autograd.grad(recurrence(w, None, x0, h0, False), [w])
+    assert g16.dtype == torch.float32
+    assert not torch.equal(g16, g32)  # really computed in bf16
+    torch.testing.assert_close(g16, g32, rtol=0.05, atol=0.05 * g32.abs().max().item())
+
+
+def test_without_autograd_it_is_a_plain_linear():
+    w, b, x = torch.randn(4, 3), torch.randn(4), torch.randn(2, 3)
+    with torch.no_grad():
+        lin = StepLinear(w.requires_grad_(), b)
+        assert not lin.taped
+        torch.testing.assert_close(lin(x), F.linear(x, w, b))
