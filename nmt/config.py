@@ -121,7 +121,9 @@ class TrainerConfig:
     label_smoothing: float = 0.1
     # Probability of feeding the reference token; < 1 = scheduled sampling (forces the step loop).
     teacher_forcing: float = 1.0
-    amp: str = "bf16"  # none | bf16 | fp16; autocast on CUDA only
+    # none | bf16 | fp16. CUDA: autocast. CPU: bf16 only, and only for the decoder's products (vocabulary
+    # projection, step-loop GEMMs) where the CPU has bf16 matrix units (AMX / AVX512-BF16); else float32.
+    amp: str = "bf16"
     valid_every: int = 1000  # steps
     val_beam_size: int = 1
     plot_attention: int = 3  # heatmaps of the first N validation sentences at every validation (0 = off)

@@ -19,11 +19,17 @@ scripts/install_peers.sh, configs in scripts/peers/) on nmt's own pieces and bat
 windows alternating with nmt's (see scripts/compare_peers.py), and prints nmt/peer ratios:
 
     python scripts/benchmark.py --models r --compare joey,onmt [--rounds 3 --window-seconds 60]
+
+--batch-sweep 1000,2000,4000 measures training tokens/s of every model at each token budget
+(data.max_tokens) instead, without decoding, and --plot draws tokens/s against batch size:
+
+    python scripts/benchmark.py --models r,r_luong_nofeed --batch-sweep 1000,2000,4000 --plot sweep.png
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import resource
@@ -197,6 +203,43 @@ def compare(runs: list[NmtRun], peers: list[str], args) -> list[dict]:
     return rows
 
 
+def batch_sweep(args) -> list[dict]:
+    """Median training rates of every model at every token budget, one fresh pipeline each."""
+    rows = []
+    for m in args.models.split(","):
+        for budget in (int(x) for x in args.batch_sweep.split(",")):
+            run = NmtRun(m, [*MODELS[m], f"data.max_tokens={budget}"], args)
+            for _ in range(args.windows):
+                run.window(steps=args.window_steps)
+            med = {k: statistics.median(w[k] for w in run.windows) for k in ("tgt_tok_s", "tgt_tokens_per_update")}
+            rows.append({"model": m, "max_tokens": budget, **med, "windows": run.windows})
+            print(f"{m} max_tokens={budget}: {med['tgt_tok_s']:,.0f} target tok/s", flush=True)
+            del run  # its DataLoader worker goes with it
+            gc.collect()
+    return rows
+
+
+def plot_sweep(rows: list[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in dict.fromkeys(r["model"] for r in rows):
+        pts = [r for r in rows if r["model"] == m]
+        ax.plot([r["tgt_tokens_per_update"] for r in pts], [r["tgt_tok_s"] for r in pts], marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("real target tokens per batch")
+    ax.set_ylabel("training target tokens/s")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS))
@@ -209,8 +252,21 @@ def main() -> None:
     ap.add_argument("--compare", default="", help="peers to train side by side with the models: joey,onmt")
     ap.add_argument("--rounds", type=int, default=3, help="--compare: nmt/peer window rounds")
     ap.add_argument("--window-seconds", type=float, default=60.0, help="--compare: length of every window")
+    ap.add_argument("--batch-sweep", default="", help="token budgets to sweep, e.g. 1000,2000,4000 (no decoding)")
+    ap.add_argument("--plot", help="--batch-sweep: PNG of tokens/s against batch size")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.batch_sweep:
+        rows = batch_sweep(args)
+        print("| model | max_tokens | real target tokens per batch | target tok/s |\n|---|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['model']} | {r['max_tokens']:,} | {r['tgt_tokens_per_update']:,.0f} | {r['tgt_tok_s']:,.0f} |")
+        if args.json:
+            meta = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads()}
+            Path(args.json).write_text(json.dumps({"meta": meta, "sweep": rows}, indent=1))
+        if args.plot:
+            plot_sweep(rows, args.plot, f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+        return
     runs = []
     for m in args.models.split(","):
         run = NmtRun(m, MODELS[m], args)

@@ -124,8 +124,11 @@ def window_rate(rows: list[tuple[float, int, float]], start: float, end: float) 
     return {"tgt_tok_s": tokens / secs, "tgt_tokens_per_update": tokens / max(1, updates), "updates": updates}
 
 
-def start_peer(name: str, data: Path, run: Path, mean_tgt_per_batch: float, cuda: bool) -> Peer:
-    """Launch a peer's training in its own process group (so it can be frozen with its workers)."""
+def start_peer(
+    name: str, data: Path, run: Path, mean_tgt_per_batch: float, cuda: bool, valid_every: int = 99_999_999
+) -> Peer:
+    """Launch a peer's training in its own process group (so it can be frozen with its workers);
+    ``valid_every`` updates between validations (Joey: greedy on all of valid, hypotheses kept)."""
     venv = PEERS_HOME / f"venv-{name}"
     if not (venv / "bin" / "python").is_file():
         raise SystemExit(f"{venv}: peer '{name}' is not installed; run: bash scripts/install_peers.sh {name}")
@@ -139,6 +142,7 @@ def start_peer(name: str, data: Path, run: Path, mean_tgt_per_batch: float, cuda
         "JOEY_BATCH": str(round(BUDGET_PER_REAL_TOKEN["joey"] * mean_tgt_per_batch)),
         "GPU_RANKS": "[0]" if cuda else "[]",
         "USE_CUDA": str(cuda),
+        "VALID_EVERY": str(valid_every),
     }
     cfg = run / f"{name}.yaml"
     cfg.write_text(string.Template((HERE / "peers" / f"{name}_model_r.yaml").read_text()).substitute(values))

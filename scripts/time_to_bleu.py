@@ -1,0 +1,162 @@
+"""Valid BLEU against wall-clock time from launch, for nmt and Joey NMT on the same device.
+
+    python scripts/time_to_bleu.py --minutes 12 --systems nmt,joey --json ttb.json --plot docs/time_to_bleu.png
+
+The systems run one after the other, never side by side. Each curve's clock starts when its
+process is launched and includes everything that user would wait for: for nmt, reading the
+corpus and training sentencepiece (a fresh cache), model building, training and its validations;
+for Joey, reading the pre-segmented corpus, training and validations (nmt's pieces, made before
+its clock starts). Both validate greedily on all of valid.tsv and are scored the same way:
+sacrebleu's default BLEU on detokenised text against the raw references (nmt: its own
+validation; Joey: its ``<step>.hyps`` pieces decoded with nmt's sentencepiece model). A point's
+time is when its result appears on disk (metrics.jsonl record, .hyps file), polled every 0.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import compare_peers
+import sacrebleu
+from benchmark import MODELS, REPO
+from hydra import compose, initialize_config_dir
+
+from nmt.data import build_specs, build_tokenizer, prepare_corpus
+from nmt.data.corpus import load_pairs
+
+
+def poll(proc: subprocess.Popen, seconds: float, found) -> list[tuple[float, object]]:
+    """Until ``seconds`` after launch (or exit): call ``found()`` for new results, stamp them."""
+    t0, seen, points = time.monotonic(), set(), []
+    while time.monotonic() - t0 < seconds and proc.poll() is None:
+        for key, value in found():
+            if key not in seen:
+                seen.add(key)
+                points.append((time.monotonic() - t0, value))
+        time.sleep(0.5)
+    return points
+
+
+def run_nmt(args, run: Path) -> list[dict]:
+    run.mkdir(parents=True, exist_ok=True)
+    metrics = run / "metrics.jsonl"
+    cmd = [
+        sys.executable, "-m", "nmt.train", *MODELS["r"], *args.nmt_overrides,
+        f"trainer.max_minutes={args.minutes}", f"trainer.valid_every={args.nmt_valid_every}",
+        "trainer.patience=0", "trainer.plot_attention=0", "data.valid_max_sentences=0",
+        "wandb.mode=disabled", f"data.dir={args.data}", f"hydra.run.dir={run}",
+    ]  # fmt: skip
+    env = dict(os.environ, NMT_CACHE=tempfile.mkdtemp(prefix="nmt-ttb-cache-"))  # sentencepiece counts
+    with (run / "stdout.txt").open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+        def found():
+            if metrics.is_file():
+                for line in metrics.read_text().splitlines():
+                    try:
+                        r = json.loads(line)
+                    except json.JSONDecodeError:  # a line being written
+                        continue
+                    if "bleu" in r:
+                        yield r["step"], r
+
+        points = poll(proc, 60 * args.minutes, found)
+        proc.send_signal(signal.SIGTERM)  # saves last.pt and exits
+        proc.wait()
+    return [{"minutes": t / 60, "step": r["step"], "bleu": r["bleu"]} for t, r in points]
+
+
+def run_joey(args, run: Path) -> list[dict]:
+    """Joey on nmt's pieces (the same as scripts/benchmark.py --compare gives it), before its clock."""
+    import nmt.train  # noqa: F401  (registers the config schema)
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=[*MODELS["r"], f"data.dir={args.data}"])
+    prepare_corpus(cfg.data)
+    specs = build_specs(cfg.data)
+    tok = build_tokenizer(cfg.tokenizer, specs["train"])
+    data = compare_peers.prepare_data(tok, specs, load_pairs, compare_peers.PEERS_HOME / "data" / "nmt-r")
+    refs = [t for _, t in load_pairs(specs["valid"])]
+    cuda = args.device == "cuda"
+    peer = compare_peers.start_peer("joey", data, run, args.tgt_per_update, cuda, args.joey_valid_every)
+    model_dir = run / "model"
+
+    def found():
+        for f in model_dir.glob("*.hyps") if model_dir.is_dir() else []:
+            yield f.name, f
+
+    points = poll(peer.proc, 60 * args.minutes, found)
+    compare_peers.stop(peer)
+    curve = []
+    for t, f in points:
+        hyps = [tok.tgt.decode_pieces(line.split()) for line in f.read_text(encoding="utf-8").splitlines()]
+        if len(hyps) != len(refs):
+            print(f"{f}: {len(hyps)} hypotheses for {len(refs)} references, skipped", file=sys.stderr)
+            continue
+        curve.append({"minutes": t / 60, "step": int(f.stem), "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score})
+    return curve
+
+
+def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, pts in curves.items():
+        ax.plot([p["minutes"] for p in pts], [p["bleu"] for p in pts], marker="o", label=name)
+    ax.set_xlabel("wall-clock minutes from launch")
+    ax.set_ylabel("valid BLEU (greedy, all of valid.tsv)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--systems", default="nmt,joey")
+    ap.add_argument("--minutes", type=float, default=12.0, help="wall clock per system, from launch")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--data", default="data/spa-eng")
+    ap.add_argument("--nmt-valid-every", type=int, default=250, help="nmt updates between validations")
+    ap.add_argument("--nmt-overrides", nargs="*", default=[], help="extra nmt.train overrides, e.g. trainer.amp=none")
+    ap.add_argument("--joey-valid-every", type=int, default=60, help="Joey updates between validations")
+    ap.add_argument("--tgt-per-update", type=float, default=1800.0, help="real target tokens per update to match")
+    ap.add_argument("--runs", default="/tmp/nmt-ttb")
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    args = ap.parse_args()
+    runs = Path(args.runs)
+    curves: dict[str, list[dict]] = {}
+    for system in args.systems.split(","):
+        if system == "nmt":
+            curves["nmt " + " ".join(args.nmt_overrides)] = run_nmt(args, runs / "nmt")
+        elif system == "joey":
+            curves["Joey NMT 2.3.0"] = run_joey(args, runs / "joey")
+        else:
+            raise SystemExit(f"--systems: unknown system {system!r} (nmt, joey)")
+    for name, pts in curves.items():
+        print(f"\n{name}\n| minutes | step | valid BLEU |\n|---:|---:|---:|")
+        for p in pts:
+            print(f"| {p['minutes']:.1f} | {p['step']:,} | {p['bleu']:.2f} |")
+    meta = {"device": args.device, "minutes": args.minutes, "argv": sys.argv[1:]}
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "curves": curves}, indent=1))
+    if args.plot:
+        plot(curves, Path(args.plot), f"model R, {args.device}, {args.minutes:g} min per system")
+
+
+if __name__ == "__main__":
+    main()
