@@ -121,8 +121,8 @@ class TrainerConfig:
     label_smoothing: float = 0.1
     # Probability of feeding the reference token; < 1 = scheduled sampling (forces the step loop).
     teacher_forcing: float = 1.0
-    # none | bf16 | fp16. CUDA: autocast. CPU: bf16 only, and only for the decoder's products (vocabulary
-    # projection, step-loop GEMMs) where the CPU has bf16 matrix units (AMX / AVX512-BF16); else float32.
+    # none | bf16 | fp16. CUDA: autocast. CPU: bf16 only, and only for the big matrix products (vocabulary
+    # projection, the RNN step loops' GEMMs) where the CPU has bf16 matrix units (AMX / AVX512-BF16).
     amp: str = "bf16"
     valid_every: int = 1000  # steps
     val_beam_size: int = 1

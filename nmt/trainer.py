@@ -59,9 +59,7 @@ def build_optimizer(model: torch.nn.Module, t: Any) -> torch.optim.Optimizer:
         raise ConfigError(f"trainer.optimizer={t.optimizer!r} is unknown; choose one of {sorted(opts)}")
     # fused: one kernel over all parameters instead of ~10 element-wise passes per tensor (+3-5% for
     # model R on CPU, docs/benchmarks.md); the same update rule.
-    return opts[t.optimizer](
-        model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, fused=True
-    )
+    return opts[t.optimizer](model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, fused=True)
 
 
 def build_scheduler(opt: torch.optim.Optimizer, t: Any):
@@ -235,13 +233,13 @@ class Trainer:
             raise ConfigError(f"trainer.amp={self.t.amp!r} is unknown; choose none, bf16 or fp16")
         precision = "float32" if self.amp_dtype is None else f"{self.t.amp} autocast"
         if device.type == "cpu":
-            # Autocasting the whole CPU step loses: it casts per op and per time step. The decoder's
-            # products (vocabulary projection, step-loop GEMMs) run in bf16 instead, weights cast
-            # once per pass, and only where the CPU has bf16 matrix units (AMX / AVX512-BF16); see
-            # docs/benchmarks.md.
+            # Autocasting the whole CPU step loses: it casts per op and per time step. The big
+            # products (vocabulary projection, the RNN step loops' GEMMs) run in bf16 instead, weights
+            # cast once per pass, and only where the CPU has bf16 matrix units (AMX / AVX512-BF16);
+            # see docs/benchmarks.md.
             native = self.amp_dtype == torch.bfloat16 and cpu_has_native_bf16()
-            model.decoder.matmul_dtype = torch.bfloat16 if native else None
-            precision = "float32, bf16 decoder products" if native else "float32"
+            model.encoder.matmul_dtype = model.decoder.matmul_dtype = torch.bfloat16 if native else None
+            precision = "float32, bf16 matrix products" if native else "float32"
             self.amp_dtype = None
         log.info("training precision: %s", precision)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)

@@ -128,7 +128,8 @@ def start_peer(
     name: str, data: Path, run: Path, mean_tgt_per_batch: float, cuda: bool, valid_every: int = 99_999_999
 ) -> Peer:
     """Launch a peer's training in its own process group (so it can be frozen with its workers);
-    ``valid_every`` updates between validations (Joey: greedy on all of valid, hypotheses kept)."""
+    ``valid_every`` updates between validations (Joey: greedy on all of valid, hypotheses kept)
+    or, for OpenNMT-py, between checkpoints (it has no BLEU validation of its own)."""
     venv = PEERS_HOME / f"venv-{name}"
     if not (venv / "bin" / "python").is_file():
         raise SystemExit(f"{venv}: peer '{name}' is not installed; run: bash scripts/install_peers.sh {name}")

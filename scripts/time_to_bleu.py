@@ -1,6 +1,6 @@
-"""Valid BLEU against wall-clock time from launch, for nmt and Joey NMT on the same device.
+"""Valid BLEU against wall-clock time from launch, for nmt and its peers on the same device.
 
-    python scripts/time_to_bleu.py --minutes 12 --systems nmt,joey --json ttb.json --plot docs/time_to_bleu.png
+    python scripts/time_to_bleu.py --minutes 12 --systems nmt,joey,onmt --json ttb.json --plot ttb.png
 
 The systems run one after the other, never side by side. Each curve's clock starts when its
 process is launched and includes everything that user would wait for: for nmt, reading the
@@ -10,6 +10,8 @@ its clock starts). Both validate greedily on all of valid.tsv and are scored the
 sacrebleu's default BLEU on detokenised text against the raw references (nmt: its own
 validation; Joey: its ``<step>.hyps`` pieces decoded with nmt's sentencepiece model). A point's
 time is when its result appears on disk (metrics.jsonl record, .hyps file), polled every 0.5 s.
+OpenNMT-py cannot validate with BLEU, so it saves checkpoints instead, translated greedily after
+its run: its clock holds no validation time (nmt's and Joey's do).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from hydra import compose, initialize_config_dir
 
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.corpus import load_pairs
+
+PEERS = {"joey": "Joey NMT 2.3.0", "onmt": "OpenNMT-py 3.5.1"}
 
 
 def poll(proc: subprocess.Popen, seconds: float, found) -> list[tuple[float, object]]:
@@ -74,8 +78,8 @@ def run_nmt(args, run: Path) -> list[dict]:
     return [{"minutes": t / 60, "step": r["step"], "bleu": r["bleu"]} for t, r in points]
 
 
-def run_joey(args, run: Path) -> list[dict]:
-    """Joey on nmt's pieces (the same as scripts/benchmark.py --compare gives it), before its clock."""
+def nmt_pieces(args):
+    """nmt's tokenizer, splits and pieces (the same as scripts/benchmark.py --compare gives the peers)."""
     import nmt.train  # noqa: F401  (registers the config schema)
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
@@ -84,25 +88,51 @@ def run_joey(args, run: Path) -> list[dict]:
     specs = build_specs(cfg.data)
     tok = build_tokenizer(cfg.tokenizer, specs["train"])
     data = compare_peers.prepare_data(tok, specs, load_pairs, compare_peers.PEERS_HOME / "data" / "nmt-r")
-    refs = [t for _, t in load_pairs(specs["valid"])]
-    cuda = args.device == "cuda"
-    peer = compare_peers.start_peer("joey", data, run, args.tgt_per_update, cuda, args.joey_valid_every)
-    model_dir = run / "model"
+    return tok, data, [t for _, t in load_pairs(specs["valid"])]
+
+
+def run_peer(name: str, args, run: Path) -> list[dict]:
+    """Joey validates greedily on valid and keeps its hypotheses (<step>.hyps); OpenNMT-py has no
+    BLEU validation, so it saves checkpoints (model_step_<n>.pt) that are translated after its run,
+    outside its clock. Either way a point's time is when the file appeared."""
+    tok, data, refs = nmt_pieces(args)
+    every = args.joey_valid_every if name == "joey" else args.onmt_save_every
+    peer = compare_peers.start_peer(name, data, run, args.tgt_per_update, args.device == "cuda", every)
+    where, pattern = (run / "model", "*.hyps") if name == "joey" else (run, "model_step_*.pt")
 
     def found():
-        for f in model_dir.glob("*.hyps") if model_dir.is_dir() else []:
+        for f in where.glob(pattern) if where.is_dir() else []:
             yield f.name, f
 
     points = poll(peer.proc, 60 * args.minutes, found)
     compare_peers.stop(peer)
     curve = []
     for t, f in points:
-        hyps = [tok.tgt.decode_pieces(line.split()) for line in f.read_text(encoding="utf-8").splitlines()]
+        if name == "joey":
+            step, lines = int(f.stem), f.read_text(encoding="utf-8").splitlines()
+        else:
+            step, lines = int(f.stem.rsplit("_", 1)[1]), onmt_translate(f, data / "valid.sp.en", args)
+        hyps = [tok.tgt.decode_pieces(line.split()) for line in lines]
         if len(hyps) != len(refs):
             print(f"{f}: {len(hyps)} hypotheses for {len(refs)} references, skipped", file=sys.stderr)
             continue
-        curve.append({"minutes": t / 60, "step": int(f.stem), "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score})
+        curve.append({"minutes": t / 60, "step": step, "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score})
     return curve
+
+
+def onmt_translate(ckpt: Path, src: Path, args) -> list[str]:
+    """Greedy pieces for ``src`` (-random_sampling_topk 1: at beam 1 OpenNMT-py otherwise samples)."""
+    out = ckpt.with_suffix(".hyp")
+    venv = compare_peers.PEERS_HOME / "venv-onmt" / "bin" / "python"
+    cmd = [
+        str(venv), "-m", "onmt.bin.translate", "-model", str(ckpt), "-src", str(src), "-output", str(out),
+        "-beam_size", "1", "-random_sampling_topk", "1", "-batch_size", "64", "-batch_type", "sents",
+        "-max_length", "100", "-gpu", "0" if args.device == "cuda" else "-1",
+    ]  # fmt: skip
+    # OpenNMT-py 3.5.1 checkpoints pickle their options, which torch >= 2.6 refuses by default.
+    env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out.read_text(encoding="utf-8").splitlines()
 
 
 def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
@@ -133,20 +163,24 @@ def main() -> None:
     ap.add_argument("--nmt-valid-every", type=int, default=250, help="nmt updates between validations")
     ap.add_argument("--nmt-overrides", nargs="*", default=[], help="extra nmt.train overrides, e.g. trainer.amp=none")
     ap.add_argument("--joey-valid-every", type=int, default=60, help="Joey updates between validations")
+    ap.add_argument("--onmt-save-every", type=int, default=200, help="OpenNMT-py updates between checkpoints")
     ap.add_argument("--tgt-per-update", type=float, default=1800.0, help="real target tokens per update to match")
     ap.add_argument("--runs", default="/tmp/nmt-ttb")
     ap.add_argument("--json")
     ap.add_argument("--plot")
+    ap.add_argument("--merge", nargs="*", default=[], help="--json files of earlier runs to add to the table/plot")
     args = ap.parse_args()
     runs = Path(args.runs)
     curves: dict[str, list[dict]] = {}
-    for system in args.systems.split(","):
+    for earlier in args.merge:
+        curves.update({k.strip(): v for k, v in json.loads(Path(earlier).read_text())["curves"].items()})
+    for system in filter(None, args.systems.split(",")):
         if system == "nmt":
-            curves["nmt " + " ".join(args.nmt_overrides)] = run_nmt(args, runs / "nmt")
-        elif system == "joey":
-            curves["Joey NMT 2.3.0"] = run_joey(args, runs / "joey")
+            curves[" ".join(["nmt", *args.nmt_overrides])] = run_nmt(args, runs / "nmt")
+        elif system in PEERS:
+            curves[PEERS[system]] = run_peer(system, args, runs / system)
         else:
-            raise SystemExit(f"--systems: unknown system {system!r} (nmt, joey)")
+            raise SystemExit(f"--systems: unknown system {system!r} (nmt, {', '.join(PEERS)})")
     for name, pts in curves.items():
         print(f"\n{name}\n| minutes | step | valid BLEU |\n|---:|---:|---:|")
         for p in pts:

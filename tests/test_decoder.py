@@ -157,13 +157,16 @@ class EagerLinear:
 @pytest.mark.parametrize("order,cell,feed", CASES)
 @pytest.mark.parametrize("layers", [1, 2])
 def test_one_weight_gradient_per_pass_matches_per_step_autograd(order, cell, feed, layers, seeded, monkeypatch):
-    """Step-loop weights (StepLinear: ∂W once per pass) give the eager per-step loop's loss and gradients."""
+    """Step-loop weights (StepLinear: ∂W once per pass, in the encoder and the decoder) give the eager
+    per-step loops' loss and gradients."""
     import nmt.models.decoder
+    import nmt.models.encoder
 
     model = tiny_model(order, cell, feed, layers=layers).train()
     b = random_batch()
     loss, grads = loss_and_grads(model, b)
     monkeypatch.setattr(nmt.models.decoder, "StepLinear", EagerLinear)
+    monkeypatch.setattr(nmt.models.encoder, "StepLinear", EagerLinear)
     ref_loss, ref_grads = loss_and_grads(model, b)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
     assert grads.keys() == ref_grads.keys()
@@ -173,12 +176,12 @@ def test_one_weight_gradient_per_pass_matches_per_step_autograd(order, cell, fee
 
 @pytest.mark.parametrize("order,cell,feed", CASES)
 def test_bf16_decoder_products_match_float32_loss_and_gradients(order, cell, feed, seeded):
-    """The CPU fast path (vocabulary projection and step-loop GEMMs in bf16) stays within bf16
-    rounding of float32."""
+    """The CPU fast path (vocabulary projection and both RNNs' step-loop GEMMs in bf16) stays within
+    bf16 rounding of float32."""
     model = tiny_model(order, cell, feed, layers=2).train()
     b = random_batch()
     loss32, g32 = loss_and_grads(model, b)
-    model.decoder.matmul_dtype = torch.bfloat16
+    model.encoder.matmul_dtype = model.decoder.matmul_dtype = torch.bfloat16
     loss16, g16 = loss_and_grads(model, b)
     assert model.decoder.logits(torch.ones(1, 1, model.decoder.out_size)).dtype == torch.bfloat16
     assert model.decoder.loop_weights().hh[0].w.dtype == torch.bfloat16

@@ -25,7 +25,7 @@ from nmt.data.tokenizer import PAD
 from nmt.errors import ConfigError
 from nmt.models.attention import Attention, AttentionState
 from nmt.models.encoder import RNNS, EncoderOutput, RNNState, check_cell
-from nmt.models.loop import StepLinear
+from nmt.models.loop import StepLinear, rnn_cell
 
 
 @dataclass
@@ -116,7 +116,7 @@ class Decoder(nn.Module):
 
     def embed_gates(self, emb: torch.Tensor) -> torch.Tensor:
         """Embedding half of layer 0's input GEMM (+ its bias): [.., E] → [.., G*H]. Hoistable."""
-        return F.linear(emb, self._w("weight_ih", 0)[:, : self.emb_size], self._w("bias_ih", 0))
+        return StepLinear(self._w("weight_ih", 0)[:, : self.emb_size], self._w("bias_ih", 0), self.matmul_dtype)(emb)
 
     def loop_weights(self) -> LoopWeights:
         """The RNN's per-step products for one pass (one weight gradient each; see nmt.models.loop)."""
@@ -128,17 +128,8 @@ class Decoder(nn.Module):
         )
 
     def _cell(self, gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, hh: StepLinear):
-        """One GRU/LSTM cell step from precomputed input gates gx [B, G*H] (PyTorch's equations)."""
-        gh = hh(h)  # [B, G*H]
-        if self.lstm:
-            i, f, g, o = (gx + gh).chunk(4, dim=1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            return torch.sigmoid(o) * torch.tanh(c), c
-        xr, xz, xn = gx.chunk(3, dim=1)
-        hr, hz, hn = gh.chunk(3, dim=1)
-        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
-        n = torch.tanh(xn + r * hn)
-        return n + z * (h - n), None
+        """One GRU/LSTM cell step from precomputed input gates gx [B, G*H]."""
+        return rnn_cell(gx, hh(h), h, c)
 
     def rnn_step(self, gx0: torch.Tensor, hidden: RNNState, lw: LoopWeights) -> RNNState:
         """Advance every layer one step; gx0 [B, G*H] are layer 0's input gates."""

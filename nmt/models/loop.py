@@ -87,3 +87,19 @@ class StepLinear:
         else:
             y = F.linear(x.to(self.w.dtype), self.w).to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+
+def rnn_cell(
+    gx: torch.Tensor, gh: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One GRU (c is None) or LSTM step from input gates gx and hidden gates gh [B, G*H]
+    (PyTorch's equations and gate order, so nn.GRU/nn.LSTM weights plug in unchanged)."""
+    if c is not None:
+        i, f, g, o = (gx + gh).chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+    xr, xz, xn = gx.chunk(3, dim=1)
+    hr, hz, hn = gh.chunk(3, dim=1)
+    r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+    n = torch.tanh(xn + r * hn)
+    return n + z * (h - n), None

@@ -1,0 +1,52 @@
+"""Interleaved A/B of runtime settings of model R's training step, in one process.
+
+    python scripts/benchmark_ab.py --settings fp32,bf16,bf16+fused --batches 40
+
+Every batch is trained once under every setting, the settings taking turns step by step (their
+order reversed on every other batch), so drift of the machine and the batch mix hit all alike;
+prints target tokens/s per setting. Settings join flags with "+": ``bf16`` (the decoder's products
+in bf16, as trainer.amp=bf16 on an AMX CPU; otherwise float32), ``fused`` (fused Adam; otherwise
+PyTorch's default, a loop over tensors on CPU). Code changes are compared with separate processes instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from types import SimpleNamespace
+
+import torch
+from benchmark import MODELS, NmtRun
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--settings", default="fp32,bf16,bf16+fused")
+    ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument("--data", default="data/spa-eng")
+    args = ap.parse_args()
+    run = NmtRun("r", MODELS["r"], SimpleNamespace(device="cpu", data=args.data, warmup=4))
+    trainer = run.trainer
+    settings = args.settings.split(",")
+
+    def apply(setting: str) -> None:
+        flags = set(setting.split("+"))
+        trainer.model.decoder.matmul_dtype = torch.bfloat16 if "bf16" in flags else None
+        for group in trainer.opt.param_groups:
+            group["fused"] = "fused" in flags or None
+
+    batches = [next(run.loader) for _ in range(args.batches)]
+    seconds = dict.fromkeys(settings, 0.0)
+    for k, b in enumerate(batches):
+        for s in settings if k % 2 == 0 else settings[::-1]:
+            apply(s)
+            t0 = time.perf_counter()
+            trainer.train_step([b])
+            seconds[s] += time.perf_counter() - t0
+    tokens = sum(b.n_tgt_tokens for b in batches)
+    for s in settings:
+        print(f"{s}: {tokens / seconds[s]:,.0f} target tok/s")
+
+
+if __name__ == "__main__":
+    main()
