@@ -219,19 +219,20 @@ def batch_sweep(args) -> list[dict]:
     return rows
 
 
-def plot_sweep(rows: list[dict], path: str, title: str) -> None:
+def line_plot(series: dict[str, list[tuple[float, float]]], path: str, x: str, y: str, title: str, logx=False) -> None:
+    """One line with markers per named series of (x, y) points, as a PNG (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for m in dict.fromkeys(r["model"] for r in rows):
-        pts = [r for r in rows if r["model"] == m]
-        ax.plot([r["tgt_tokens_per_update"] for r in pts], [r["tgt_tok_s"] for r in pts], marker="o", label=m)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("real target tokens per batch")
-    ax.set_ylabel("training target tokens/s")
+    for name, pts in series.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -257,7 +258,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.batch_sweep:
-        rows = batch_sweep(args)
+        rows, names = batch_sweep(args), args.models.split(",")
         print("| model | max_tokens | real target tokens per batch | target tok/s |\n|---|---:|---:|---:|")
         for r in rows:
             print(f"| {r['model']} | {r['max_tokens']:,} | {r['tgt_tokens_per_update']:,.0f} | {r['tgt_tok_s']:,.0f} |")
@@ -265,7 +266,9 @@ def main() -> None:
             meta = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads()}
             Path(args.json).write_text(json.dumps({"meta": meta, "sweep": rows}, indent=1))
         if args.plot:
-            plot_sweep(rows, args.plot, f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+            series = {m: [(r["tgt_tokens_per_update"], r["tgt_tok_s"]) for r in rows if r["model"] == m] for m in names}
+            title = f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+            line_plot(series, args.plot, "real target tokens per batch", "training target tokens/s", title, logx=True)
         return
     runs = []
     for m in args.models.split(","):

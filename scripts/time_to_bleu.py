@@ -28,7 +28,7 @@ from pathlib import Path
 
 import compare_peers
 import sacrebleu
-from benchmark import MODELS, REPO
+from benchmark import MODELS, REPO, line_plot
 from hydra import compose, initialize_config_dir
 
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
@@ -135,25 +135,6 @@ def onmt_translate(ckpt: Path, src: Path, args) -> list[str]:
     return out.read_text(encoding="utf-8").splitlines()
 
 
-def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, pts in curves.items():
-        ax.plot([p["minutes"] for p in pts], [p["bleu"] for p in pts], marker="o", label=name)
-    ax.set_xlabel("wall-clock minutes from launch")
-    ax.set_ylabel("valid BLEU (greedy, all of valid.tsv)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default="nmt,joey")
@@ -189,7 +170,9 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "curves": curves}, indent=1))
     if args.plot:
-        plot(curves, Path(args.plot), f"model R, {args.device}, {args.minutes:g} min per system")
+        series = {name: [(p["minutes"], p["bleu"]) for p in pts] for name, pts in curves.items()}
+        x, y = "wall-clock minutes from launch", "valid BLEU (greedy, all of valid.tsv)"
+        line_plot(series, args.plot, x, y, f"model R, {args.device}, {args.minutes:g} min per system")
 
 
 if __name__ == "__main__":

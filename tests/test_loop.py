@@ -64,3 +64,17 @@ def test_without_autograd_it_is_a_plain_linear():
         lin = StepLinear(w.requires_grad_(), b)
         assert not lin.taped
         torch.testing.assert_close(lin(x), F.linear(x, w, b))
+
+
+def test_under_autocast_as_on_cuda():
+    """CUDA training autocasts around StepLinear (its own dtype unset): bf16 inputs from autocast ops
+    and float32 ones must both work, and backward (outside autocast) must agree on dtypes."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    x0, h0 = torch.randn(3, 5, 8), torch.randn(3, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ctx = torch.bmm(torch.randn(3, 1, 4), torch.randn(3, 4, 8)).squeeze(1)  # bf16, like attention
+        lin = StepLinear(w)
+        y = lin(ctx) + recurrence(w, None, x0, h0, True)
+    (g,) = torch.autograd.grad(y.float().sum(), [w])
+    assert g.dtype == torch.float32 and torch.isfinite(g).all()
