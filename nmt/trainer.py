@@ -57,7 +57,7 @@ def build_optimizer(model: torch.nn.Module, t: Any) -> torch.optim.Optimizer:
     opts = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
     if t.optimizer not in opts:
         raise ConfigError(f"trainer.optimizer={t.optimizer!r} is unknown; choose one of {sorted(opts)}")
-    # fused: one kernel over all parameters instead of ~10 element-wise passes per tensor (+3-5% for
+    # fused: one kernel over all parameters instead of ~10 element-wise passes per tensor (+1-5% for
     # model R on CPU, docs/benchmarks.md); the same update rule.
     return opts[t.optimizer](model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, fused=True)
 

@@ -60,21 +60,26 @@ MODELS = {
 }
 
 
+def corpus_and_tokenizer(overrides: list[str], args):
+    """The composed training config, corpus splits and (cached) sentencepiece model, as nmt.train makes them."""
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(
+            "config", overrides=[*overrides, f"device={args.device}", "wandb.mode=disabled", f"data.dir={args.data}"]
+        )
+    prepare_corpus(cfg.data)
+    specs = build_specs(cfg.data)
+    return cfg, specs, build_tokenizer(cfg.tokenizer, specs["train"])
+
+
 class NmtRun:
     """One model through the real pipeline and Trainer.train_step, measured in windows."""
 
     def __init__(self, name: str, overrides: list[str], args):
-        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-            cfg = compose(
-                "config",
-                overrides=[*overrides, f"device={args.device}", "wandb.mode=disabled", f"data.dir={args.data}"],
-            )
+        cfg, self.specs, self.tok = corpus_and_tokenizer(overrides, args)
+        tok = self.tok
         self.name, self.overrides, self.cfg = name, overrides, cfg
         self.device = device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
-        prepare_corpus(cfg.data)
-        self.specs = build_specs(cfg.data)
-        self.tok = tok = build_tokenizer(cfg.tokenizer, self.specs["train"])
         self.model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
         self.model.to(device)
         run_dir = Path(tempfile.mkdtemp(prefix="nmt-bench-"))

@@ -28,10 +28,8 @@ from pathlib import Path
 
 import compare_peers
 import sacrebleu
-from benchmark import MODELS, REPO, line_plot
-from hydra import compose, initialize_config_dir
+from benchmark import MODELS, REPO, corpus_and_tokenizer, line_plot
 
-from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.corpus import load_pairs
 
 PEERS = {"joey": "Joey NMT 2.3.0", "onmt": "OpenNMT-py 3.5.1"}
@@ -80,13 +78,7 @@ def run_nmt(args, run: Path) -> list[dict]:
 
 def nmt_pieces(args):
     """nmt's tokenizer, splits and pieces (the same as scripts/benchmark.py --compare gives the peers)."""
-    import nmt.train  # noqa: F401  (registers the config schema)
-
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=[*MODELS["r"], f"data.dir={args.data}"])
-    prepare_corpus(cfg.data)
-    specs = build_specs(cfg.data)
-    tok = build_tokenizer(cfg.tokenizer, specs["train"])
+    _, specs, tok = corpus_and_tokenizer(MODELS["r"], args)
     data = compare_peers.prepare_data(tok, specs, load_pairs, compare_peers.PEERS_HOME / "data" / "nmt-r")
     return tok, data, [t for _, t in load_pairs(specs["valid"])]
 

@@ -30,8 +30,9 @@ from nmt.models.loop import StepLinear, rnn_cell
 
 @dataclass
 class LoopWeights:
-    """The decoder RNN's per-step products, prepared once per pass."""
+    """The decoder RNN's products, prepared once per pass (a teacher-forced pass, or a whole search)."""
 
+    emb: StepLinear  # layer 0's embedding half of the input GEMM (+ its bias), hoistable over steps
     extra: StepLinear  # layer 0's context / fed-vector half of the input GEMM
     ih: list[StepLinear]  # input GEMMs of layers 1..L-1
     hh: list[StepLinear]  # hidden GEMMs of every layer
@@ -41,6 +42,9 @@ class LoopWeights:
 class DecoderState:
     hidden: RNNState  # [L, B, H] (GRU) or a pair of them (LSTM)
     attn: AttentionState
+    # The pass's RNN products, made once in init_state: batch-independent, so a search reuses them at
+    # every step and every beam reordering, and a teacher-forced pass gets one weight gradient each.
+    lw: LoopWeights
     feed: torch.Tensor | None = None  # [B, O] last attentional vector (Luong input feeding)
 
     def index_select(self, idx: torch.Tensor) -> DecoderState:
@@ -50,7 +54,7 @@ class DecoderState:
         else:
             hidden = self.hidden.index_select(1, idx)
         feed = None if self.feed is None else self.feed.index_select(0, idx)
-        return DecoderState(hidden, self.attn.index_select(idx), feed)
+        return DecoderState(hidden, self.attn.index_select(idx), self.lw, feed)
 
 
 def top(hidden: RNNState) -> torch.Tensor:
@@ -114,14 +118,11 @@ class Decoder(nn.Module):
     def _w(self, name: str, layer: int) -> torch.Tensor:
         return getattr(self.rnn, f"{name}_l{layer}")
 
-    def embed_gates(self, emb: torch.Tensor) -> torch.Tensor:
-        """Embedding half of layer 0's input GEMM (+ its bias): [.., E] → [.., G*H]. Hoistable."""
-        return StepLinear(self._w("weight_ih", 0)[:, : self.emb_size], self._w("bias_ih", 0), self.matmul_dtype)(emb)
-
     def loop_weights(self) -> LoopWeights:
-        """The RNN's per-step products for one pass (one weight gradient each; see nmt.models.loop)."""
+        """The RNN's products for one pass (one weight gradient each; see nmt.models.loop)."""
         dt = self.matmul_dtype
         return LoopWeights(
+            emb=StepLinear(self._w("weight_ih", 0)[:, : self.emb_size], self._w("bias_ih", 0), dt),
             extra=StepLinear(self._w("weight_ih", 0)[:, self.emb_size :], dtype=dt),
             ih=[StepLinear(self._w("weight_ih", k), self._w("bias_ih", k), dt) for k in range(1, self.layers)],
             hh=[StepLinear(self._w("weight_hh", k), self._w("bias_hh", k), dt) for k in range(self.layers)],
@@ -147,7 +148,7 @@ class Decoder(nn.Module):
 
     # ---- interface ----
     def init_state(self, enc: EncoderOutput) -> DecoderState:
-        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask))
+        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask), self.loop_weights())
 
     def step(self, y_prev: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
         """y_prev [B] → (logits [B, V], new state, attention weights [B, S])."""
@@ -214,24 +215,24 @@ class BahdanauDecoder(Decoder):
     def _readout(self, h: torch.Tensor, ctx: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         return self.dropout(torch.tanh(self.readout(torch.cat([h, ctx, emb], dim=-1))))
 
-    def _core(self, gx_emb: torch.Tensor, state: DecoderState, lw: LoopWeights):
+    def _core(self, gx_emb: torch.Tensor, state: DecoderState):
         ctx, w = self.attention(top(state.hidden), state.attn)  # [B, K], [B, S]
-        hidden = self.rnn_step(gx_emb + lw.extra(ctx), state.hidden, lw)
-        return ctx, w, DecoderState(hidden, self.attention.advance(state.attn, w))
+        hidden = self.rnn_step(gx_emb + state.lw.extra(ctx), state.hidden, state.lw)
+        return ctx, w, DecoderState(hidden, self.attention.advance(state.attn, w), state.lw)
 
     def step(self, y_prev, state):
         emb = self.dropout(self.embed(y_prev))  # [B, E]
-        ctx, w, state = self._core(self.embed_gates(emb), state, self.loop_weights())
+        ctx, w, state = self._core(state.lw.emb(emb), state)
         return self.out(self._readout(top(state.hidden), ctx, emb)), state, w
 
     def _teacher_forced(self, tgt_in, enc):
         emb = self.dropout(self.embed(tgt_in))  # [B, T, E]
         # Embedding gates once for all steps, split into per-step views with one unbind: indexing
         # gx[:, t] instead would make backward zero-fill and add a full [B, T, G*H] gradient per step.
-        state, lw = self.init_state(enc), self.loop_weights()
+        state = self.init_state(enc)
         hs, ctxs, ws = [], [], []
-        for gx_t in self.embed_gates(emb).unbind(1):  # [B, G*H] each
-            ctx, w, state = self._core(gx_t, state, lw)
+        for gx_t in state.lw.emb(emb).unbind(1):  # [B, G*H] each
+            ctx, w, state = self._core(gx_t, state)
             ctxs.append(ctx)
             ws.append(w)
             hs.append(top(state.hidden))
@@ -283,16 +284,16 @@ class LuongDecoder(Decoder):
             state.feed = enc.keys.new_zeros(enc.keys.size(0), self.out_size)
         return state
 
-    def _core(self, gx_emb: torch.Tensor, state: DecoderState, lw: LoopWeights):
-        gx = gx_emb + lw.extra(state.feed) if self.input_feeding else gx_emb
-        hidden = self.rnn_step(gx, state.hidden, lw)
+    def _core(self, gx_emb: torch.Tensor, state: DecoderState):
+        gx = gx_emb + state.lw.extra(state.feed) if self.input_feeding else gx_emb
+        hidden = self.rnn_step(gx, state.hidden, state.lw)
         att, w = self._attend(top(hidden), state.attn)
         attn = self.attention.advance(state.attn, w)
-        return att, w, DecoderState(hidden, attn, att if self.input_feeding else None)
+        return att, w, DecoderState(hidden, attn, state.lw, att if self.input_feeding else None)
 
     def step(self, y_prev, state):
         emb = self.dropout(self.embed(y_prev))  # [B, E]
-        att, w, state = self._core(self.embed_gates(emb), state, self.loop_weights())
+        att, w, state = self._core(state.lw.emb(emb), state)
         return self.out(att), state, w
 
     def _teacher_forced(self, tgt_in, enc):
@@ -303,10 +304,10 @@ class LuongDecoder(Decoder):
             h, _ = self.rnn(emb, enc.state)  # [B, T, H]
             att, ws = self._attend(h, self.attention.prepare(enc.keys, enc.mask))
             return self.logits(att), ws
-        state, lw = self.init_state(enc), self.loop_weights()
+        state = self.init_state(enc)
         atts, ws = [], []
-        for gx_t in self.embed_gates(emb).unbind(1):  # hoisted embedding gates, one view per step
-            att, w, state = self._core(gx_t, state, lw)
+        for gx_t in state.lw.emb(emb).unbind(1):  # hoisted embedding gates, one view per step
+            att, w, state = self._core(gx_t, state)
             atts.append(att)
             ws.append(w)
         return self.logits(torch.stack(atts, 1)), torch.stack(ws, 1)
