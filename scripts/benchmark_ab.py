@@ -6,7 +6,8 @@ Every batch is trained once under every setting, the settings taking turns step 
 order reversed on every other batch), so drift of the machine and the batch mix hit all alike;
 prints target tokens/s per setting. Settings join flags with "+": ``bf16`` (the decoder's products
 in bf16, as trainer.amp=bf16 on an AMX CPU; otherwise float32), ``fused`` (fused Adam; otherwise
-PyTorch's default, a loop over tensors on CPU). Code changes are compared with separate processes instead.
+PyTorch's default, a loop over tensors on CPU). To compare code changes, run it with one setting
+from checkouts of both commits in turn (``git worktree add``), several times, alternating.
 """
 
 from __future__ import annotations
