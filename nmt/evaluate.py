@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.errors import NmtError
-from nmt.translate import load_translator
+from nmt.runtime import load_translator
 
 log = logging.getLogger("nmt.evaluate")
 register_configs()

@@ -16,8 +16,8 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.plots import grid
+from nmt.runtime import load_model
 from nmt.search import SearchOptions
-from nmt.translate import load_model
 from nmt.translator import Translator
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "attention"

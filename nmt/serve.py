@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from nmt.config import register_configs
 from nmt.errors import NmtError
-from nmt.translate import load_translator
+from nmt.runtime import load_translator
 from nmt.translator import Translator
 
 log = logging.getLogger("nmt.serve")

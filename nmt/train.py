@@ -31,20 +31,12 @@ from nmt.distributed import Dist, init_distributed, shutdown
 from nmt.errors import ConfigError, NmtError
 from nmt.logger import RunLogger
 from nmt.models.build import build_model, count_parameters
+from nmt.runtime import resolve_device
 from nmt.trainer import Trainer, config_changes, find_checkpoint
 
 log = logging.getLogger("nmt.train")
 
 register_configs()
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name}: CUDA is not available on this machine; use device=cpu or auto")
-    return dev
 
 
 def seed_everything(seed: int) -> None:

@@ -15,64 +15,19 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import hydra
-import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from nmt import checkpoint
 from nmt.config import register_configs
-from nmt.data.tokenizer import Tokenizer
-from nmt.errors import ConfigError, NmtError
-from nmt.models.build import build_model
-from nmt.models.seq2seq import Ensemble, Seq2Seq
+from nmt.errors import NmtError
 from nmt.plots import heatmap
-from nmt.search import SearchOptions
-from nmt.train import resolve_device
+from nmt.runtime import load_model, load_translator  # noqa: F401  (load_model: re-exported for scripts)
 from nmt.translator import Translation, Translator
 
 log = logging.getLogger("nmt.translate")
 register_configs()
-
-
-def load_model(path: str, device: torch.device) -> tuple[Seq2Seq, Tokenizer]:
-    """Rebuild a model and its tokenizer from a checkpoint alone (no corpus, no cache needed)."""
-    ckpt = checkpoint.load(path, map_location=device)
-    cfg = OmegaConf.create(ckpt["config"])
-    tok = Tokenizer.from_state_dict(ckpt["tokenizer"])
-    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), tok
-
-
-def load_translator(cfg: Any) -> Translator:
-    """The checkpoint (an ensemble when ``cfg.ensemble`` names more) on ``cfg.device`` with the search
-    settings of ``cfg`` (a DecodeConfig: translate, evaluate and serve share it)."""
-    device = resolve_device(cfg.device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    model, tok = load_model(cfg.checkpoint, device)
-    if cfg.ensemble:
-        members = [model]
-        for path in cfg.ensemble:
-            m, t = load_model(path, device)
-            if t.state_dict() != tok.state_dict():
-                raise ConfigError(f"ensemble: {path} has another vocabulary than {cfg.checkpoint}")
-            members.append(m)
-        model = Ensemble(members)
-    if cfg.n_best > cfg.beam_size:
-        raise ConfigError(f"n_best={cfg.n_best} needs beam_size >= {cfg.n_best} (got {cfg.beam_size})")
-    search = SearchOptions(
-        beam_size=cfg.beam_size,
-        n_best=cfg.n_best,
-        alpha=cfg.length_penalty,
-        beta=cfg.coverage_penalty,
-        max_len_ratio=cfg.max_len_ratio,
-        min_len_ratio=cfg.min_len_ratio,
-        no_repeat_ngram=cfg.no_repeat_ngram,
-    )
-    return Translator(model, tok, device, search, max_input_len=cfg.max_input_len)
 
 
 # Characters that some tools treat as line ends; never let them into an output line.

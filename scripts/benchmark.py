@@ -46,8 +46,9 @@ from nmt.config import to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.corpus import load_pairs
 from nmt.models.build import build_model
+from nmt.runtime import resolve_device
 from nmt.search import SearchOptions
-from nmt.train import build_loader, resolve_device  # (importing nmt.train registers the config schema)
+from nmt.train import build_loader  # (importing nmt.train registers the config schema)
 from nmt.trainer import Trainer
 from nmt.translator import Translator
 

@@ -19,8 +19,8 @@ import torch
 
 from nmt.data.batching import collate
 from nmt.data.corpus import CorpusSpec, load_pairs
+from nmt.runtime import load_model
 from nmt.search import SearchOptions, beam_search
-from nmt.translate import load_model
 
 
 def run(model, ids: list[list[int]], batch: int, beam: int, device: torch.device) -> dict:

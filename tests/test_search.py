@@ -11,8 +11,8 @@ from nmt.average import average
 from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS
 from nmt.models.seq2seq import Ensemble
+from nmt.runtime import load_model
 from nmt.search import SearchOptions, beam_search, greedy, length_penalty
-from nmt.translate import load_model
 
 A, B_, C = 4, 5, 6  # ordinary tokens of the toy model
 V = 7

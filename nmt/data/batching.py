@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from datasets.distributed import split_dataset_by_node
 from torch.utils.data import IterableDataset
 
 from nmt.data.corpus import CorpusSpec, stream_pairs
@@ -148,6 +147,8 @@ class BatchStream(IterableDataset):
         if self.shuffle_buffer > 1:
             ds = ds.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
         if self.num_shards > 1:
+            from datasets.distributed import split_dataset_by_node  # lazy: decoding never loads datasets
+
             ds = split_dataset_by_node(ds, rank=shard, world_size=self.num_shards)
         ds.set_epoch(epoch)  # after the split: it copies the dataset and resets the epoch
         bucket: list[dict] = []

@@ -15,11 +15,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
-
-import datasets
+from typing import TYPE_CHECKING, NamedTuple
 
 from nmt.errors import CorpusError
+
+if TYPE_CHECKING:
+    import datasets
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ def read_tsv(path: str, strict: bool = False) -> Iterator[dict]:
 
 def _hub_pairs(spec: CorpusSpec) -> datasets.IterableDataset:
     """Stream a Hub translation dataset (``{"translation": {src_lang: .., tgt_lang: ..}}`` rows)."""
+    import datasets  # lazy: translating and serving never load it
+
     ds = datasets.load_dataset(spec.hub_path, spec.hub_name, split=spec.split, streaming=True)
     src, tgt = spec.src_lang, spec.tgt_lang
 
@@ -121,6 +124,8 @@ def _hub_pairs(spec: CorpusSpec) -> datasets.IterableDataset:
 
 def stream_pairs(spec: CorpusSpec) -> datasets.IterableDataset:
     """The split as a streaming ``datasets.IterableDataset`` of ``{"src", "tgt"}``."""
+    import datasets  # lazy: translating and serving never load it
+
     if spec.hub_path is not None:
         return _hub_pairs(spec)
     if not Path(spec.path).is_file():  # fail here, in the main process, not inside a worker
