@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.errors import NmtError
-from nmt.runtime import load_translator
+from nmt.runtime import check_outputs, load_translator
 
 log = logging.getLogger("nmt.evaluate")
 register_configs()
@@ -121,6 +121,7 @@ def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     try:
+        check_outputs(cfg.hypotheses, cfg.json)
         pairs = load_pairs(CorpusSpec(cfg.input))
         tr = load_translator(cfg)
         sources, refs = [s for s, _ in pairs], [r for _, r in pairs]

@@ -7,13 +7,14 @@ and ``nmt.train`` picks its device here too.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from nmt import checkpoint
 from nmt.data.tokenizer import Tokenizer
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, NmtError
 from nmt.models.build import build_model
 from nmt.models.seq2seq import Ensemble, Seq2Seq
 from nmt.search import SearchOptions
@@ -77,3 +78,10 @@ def load_translator(cfg: Any) -> Translator:
             members.append(m)
         model = Ensemble(members)
     return Translator(model, tok, device, search, max_input_len=cfg.max_input_len)
+
+
+def check_outputs(*paths: str | None) -> None:
+    """Refuse, before any model is loaded, an output file whose folder does not exist."""
+    for path in paths:
+        if path and not Path(path).resolve().parent.is_dir():
+            raise NmtError(f"{path}: its folder {Path(path).parent} does not exist (create it, or write elsewhere)")

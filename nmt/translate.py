@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from nmt.config import register_configs
 from nmt.errors import NmtError
 from nmt.plots import heatmap
-from nmt.runtime import load_model, load_translator  # noqa: F401  (load_model: re-exported for scripts)
+from nmt.runtime import check_outputs, load_model, load_translator  # noqa: F401  (load_model: re-exported)
 from nmt.translator import Translation, Translator
 
 log = logging.getLogger("nmt.translate")
@@ -38,10 +38,25 @@ def one_line(text: str) -> str:
     return text.translate(_LINE_BREAKS)
 
 
-def read_lines(f: TextIO) -> Iterator[str]:
-    """Lines without their newline."""
-    for line in f:
+def read_lines(f: TextIO, odd: list[int] | None = None) -> Iterator[str]:
+    """Lines without their newline. The numbers (1-based) of lines holding NUL bytes or bytes that
+    are not UTF-8 (decoded as U+FFFD) are appended to ``odd``: binary input is translated, but reported."""
+    for n, line in enumerate(f, 1):
+        if odd is not None and ("\x00" in line or "\ufffd" in line):
+            odd.append(n)
         yield line.rstrip("\n").rstrip("\r")
+
+
+def report_odd_lines(odd: list[int], name: str) -> None:
+    if odd:
+        shown = ", ".join(map(str, odd[:20])) + (", ..." if len(odd) > 20 else "")
+        log.warning(
+            "%s: %d line(s) hold NUL bytes or bytes that are not UTF-8 (is it a text file?): lines %s; "
+            "translated with those bytes as they decode (U+FFFD for non-UTF-8)",
+            name,
+            len(odd),
+            shown,
+        )
 
 
 @dataclass
@@ -96,6 +111,7 @@ def main(cfg: DictConfig) -> None:
     try:
         if cfg.input and not Path(cfg.input).is_file():
             raise NmtError(f"{cfg.input}: input file not found")
+        check_outputs(cfg.output, cfg.attention_out)
         tr = load_translator(cfg)
         with contextlib.ExitStack() as stack:
             # errors="replace": a stray non-UTF-8 byte costs one character, not the run; newline="\n": only
@@ -112,7 +128,9 @@ def main(cfg: DictConfig) -> None:
                 sink.plot_dir.mkdir(parents=True, exist_ok=True)
             if cfg.attention_out:
                 sink.attention_out = stack.enter_context(open(cfg.attention_out, "w", encoding="utf-8"))
-            n = translate_stream(tr, read_lines(src), sink, cfg.batch_size, interactive=cfg.input is None)
+            odd: list[int] = []
+            n = translate_stream(tr, read_lines(src, odd), sink, cfg.batch_size, interactive=cfg.input is None)
+            report_odd_lines(odd, cfg.input or "stdin")
         log.info("translated %d lines%s", n, f" into {cfg.output}" if cfg.output else "")
     except NmtError as e:
         log.error("%s", e)

@@ -9,15 +9,21 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from nmt.data.corpus import CorpusError, CorpusSpec, stream_pairs
+from nmt.data.corpus import CorpusError, CorpusSpec, read_tsv, stream_pairs
 from nmt.data.tokenizer import Tokenizer, file_fingerprint, train_or_load
 from nmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
+DEFAULT_DIR = Path("data/spa-eng")  # the one folder that is filled with the default corpus on first use
+SPLIT_FILES = "train.tsv, valid.tsv and test.tsv (source<TAB>target, UTF-8, one pair per line)"
+
+
 def prepare_corpus(data: Any) -> None:
-    """Make sure local TSV splits exist; fetch the default corpus into an empty ``data.dir``."""
+    """Make sure the local TSV splits exist. Only the default ``data.dir`` (data/spa-eng) is ever
+    filled (with the default corpus, when ``data.fetch``); any other folder must already hold the
+    files, and nothing is created at a path that may be a typo."""
     from nmt.data.fetch import SPLITS, corpus_ready, ensure_spa_eng  # lazy: keeps `-m nmt.data.fetch` clean
 
     if data.source != "tsv":
@@ -26,23 +32,40 @@ def prepare_corpus(data: Any) -> None:
     files = [d / getattr(data, s) for s in SPLITS]
     if all(f.is_file() for f in files):
         return
-    fresh = not d.exists() or not any(d.iterdir())
-    if data.fetch and fresh:
+    default = d.resolve() == DEFAULT_DIR.resolve()
+    if data.fetch and default and (not d.exists() or not any(d.iterdir())):
         log.info("%s is empty: fetching the default English-Spanish corpus (python -m nmt.data.fetch)", d)
         try:
             ensure_spa_eng(d)
-        except (OSError, RuntimeError) as e:
+        except (OSError, RuntimeError, CorpusError) as e:
             raise CorpusError(
                 f"{d}: no corpus and fetching failed ({e}); run "
                 f"`python -m nmt.data.fetch --from DIR --dest {d}` or set data.dir=DIR"
             ) from e
         if corpus_ready(d):
             return
+    if not d.is_dir():
+        raise CorpusError(
+            f"data.dir={data.dir}: no such folder; it must hold {SPLIT_FILES}"
+            + (
+                ""
+                if default
+                else f" (only {DEFAULT_DIR} is filled automatically: `python -m nmt.data.fetch --dest {d}`)"
+            )
+        )
     missing = next(f for f in files if not f.is_file())
     raise CorpusError(
-        f"{missing}: corpus file not found (data.dir={data.dir}); put train/valid/test TSV "
-        f"files there or run `python -m nmt.data.fetch --dest {d}`"
+        f"{missing}: corpus file not found (data.dir={data.dir} must hold {SPLIT_FILES}); put the files there "
+        f"or run `python -m nmt.data.fetch --dest {d}`"
     )
+
+
+def check_corpus(spec: CorpusSpec) -> None:
+    """Read a whole TSV split once under data.strict=true, so a malformed line stops the run before
+    sentencepiece and training start (a few seconds for 10^5 lines)."""
+    if spec.hub_path is None:
+        for _ in read_tsv(spec.path, strict=True):
+            pass
 
 
 def build_specs(data: Any) -> dict[str, CorpusSpec]:
@@ -81,4 +104,4 @@ def build_tokenizer(tok: Any, train: CorpusSpec) -> Tokenizer:
     )
 
 
-__all__ = ["CorpusError", "CorpusSpec", "Tokenizer", "build_specs", "build_tokenizer", "prepare_corpus"]
+__all__ = ["CorpusError", "CorpusSpec", "Tokenizer", "build_specs", "build_tokenizer", "check_corpus", "prepare_corpus"]

@@ -22,6 +22,7 @@ from torch.utils.data import IterableDataset
 
 from nmt.data.corpus import CorpusSpec, stream_pairs
 from nmt.data.tokenizer import BOS, EOS, PAD, Tokenizer
+from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,19 @@ def worker_init(_worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: signal.alarm(WORKER_TERM_GRACE_S))
     signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
+
+
+def worker_errors(batches: Iterator[Batch]) -> Iterator[Batch]:
+    """Re-raise a user-fixable error from the DataLoader worker as its one-line self: the DataLoader
+    wraps it in the worker's whole traceback ("Caught CorpusError in DataLoader worker process 0...")."""
+    try:
+        yield from batches
+    except NmtError as e:
+        lines = [x for x in str(e).splitlines() if x.strip()]
+        if len(lines) > 1 and "DataLoader worker" in lines[0]:
+            last = lines[-1]  # "nmt.errors.CorpusError: the message"
+            raise type(e)(last.split(": ", 1)[1] if last.startswith("nmt.") and ": " in last else last) from None
+        raise
 
 
 def worker_context() -> multiprocessing.context.BaseContext:

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_REPORTED = 20  # malformed lines quoted one by one; the rest only counted
+# Files whose malformed lines this process has reported already: every later pass (each epoch, the
+# sentencepiece sample, a forked DataLoader worker, which inherits the set) stays quiet about them.
+_REPORTED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ def read_tsv(path: str, strict: bool = False) -> Iterator[dict]:
         raise CorpusError(f"{path}: corpus file not found")
     problems: Counter[str] = Counter()
     n_ok = 0
+    quiet = str(p.resolve()) in _REPORTED
     with p.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
             parsed = check_line(raw)
@@ -88,12 +92,13 @@ def read_tsv(path: str, strict: bool = False) -> Iterator[dict]:
                 if strict:
                     raise CorpusError(msg + " (data.strict=true)")
                 problems[parsed.kind] += 1
-                if sum(problems.values()) <= MAX_REPORTED:
+                if not quiet and sum(problems.values()) <= MAX_REPORTED:
                     log.warning("skipping malformed line %s", msg)
                 continue
             n_ok += 1
             yield {"src": parsed[0], "tgt": parsed[1]}
-    if problems:
+    _REPORTED.add(str(p.resolve()))
+    if problems and not quiet:
         detail = ", ".join(f"{k}: {v}" for k, v in problems.most_common())
         log.warning(
             "%s: skipped %d malformed lines of %d (%s)",
