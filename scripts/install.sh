@@ -13,7 +13,8 @@ TORCH=${PYTORCH_SPEC:-torch==2.13.0}
 constraint=$(mktemp)
 trap 'rm -f "$constraint"' EXIT
 .venv/bin/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraint"
-.venv/bin/python -m pip install -q -c "$constraint" -e ".[dev]"
+# PYTHONWARNINGS: setuptools prints boxed notes about editable installs that say nothing to act on.
+PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -c "$constraint" -e ".[dev]"
 .venv/bin/python -c "import torch, nmt; print('nmt installed in .venv with torch', torch.__version__)"
 if [ "${1:-}" = "--with-browser" ] && ! command -v chromium >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
