@@ -76,3 +76,8 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     if missing:
         raise CheckpointError(f"{path}: checkpoint lacks {', '.join(missing)}")
     return ckpt
+
+
+def weights_only(state: dict) -> dict:
+    """TEMPORARY"""
+    return {k: state[k] for k in ("model", "tokenizer", "config", "progress") if k in state}

@@ -100,6 +100,7 @@ class WandbConfig:
     project: str = "nmt"
     entity: str | None = None
     name: str | None = None
+    quiet: bool = True  # wandb's own console output (banners, sparklines, summaries) off; all is still logged
 
 
 @dataclass
@@ -124,15 +125,23 @@ class TrainerConfig:
     # none | bf16 | fp16. CUDA: autocast. CPU: bf16 only, and only for the big matrix products (vocabulary
     # projection, the RNN step loops' GEMMs) where the CPU has bf16 matrix units (AMX / AVX512-BF16).
     amp: str = "bf16"
-    valid_every: int = 1000  # steps
+    # Validation interval in steps. 0 (default): measured at the start of the run as about valid_minutes of
+    # training and kept for the run (saved in checkpoints, so a resumed run validates at the same steps).
+    valid_every: int = 0
+    valid_minutes: float = 3.0
     val_beam_size: int = 1
     plot_attention: int = 3  # heatmaps of the first N validation sentences at every validation (0 = off)
     patience: int = 5  # stop after this many validations without a BLEU gain (0 = never)
-    log_every: int = 100
+    # last.pt is written at least this often (besides every validation), so a hard kill loses at most this much.
+    checkpoint_minutes: float = 5.0
+    log_every: int = 100  # a progress line every this many steps ...
+    log_seconds: float = 30.0  # ... and at least every this many seconds
     resume: bool = False
     # Keys that may differ from the checkpoint's config on resume (besides limits, device, logging).
     allow_changes: list[str] = field(default_factory=list)
-    keep_last: int = 1  # step-numbered checkpoints kept besides last.pt / best.pt
+    # step_N.pt checkpoints kept besides last.pt (everything, to resume) and best.pt (weights only, to translate);
+    # each is a full copy (~3x the weights with Adam's moments): keep some to average them (nmt.average).
+    keep_last: int = 0
     max_bad_steps: int = 5  # non-finite losses/gradients in a row before the run stops
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
     # Batches (of data.max_tokens each) per rank summed into one update; the global batch is
@@ -207,8 +216,18 @@ class AverageConfig:
     last: int = 5
 
 
+def job_dirname(override_dirname: str, limit: int = 150) -> str:
+    """A sweep job's folder name from its overrides (``configs/config.yaml``): path separators become
+    ``_`` so that ``data.dir=a/b`` never nests a job folder, and very long names are cut."""
+    name = override_dirname.replace("/", "_").replace("\\", "_").lstrip(".")
+    return name[:limit]
+
+
 def register_configs() -> None:
-    """Register the schemas so Hydra validates the YAML files against them."""
+    """Register the schemas so Hydra validates the YAML files against them (and the job-name resolver)."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("nmt_job_name", job_dirname, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="translate_schema", node=TranslateConfig)

@@ -55,6 +55,7 @@ class RunLogger:
                 mode=mode,
                 resume="allow" if resume else None,
                 id=self._run_id(run_dir, resume),
+                settings=wandb.Settings(silent=bool(getattr(wandb_cfg, "quiet", True))),
             )
             log.info(
                 "wandb: logging %s (mode=%s)", "online" if mode == "online" else "to " + str(run_dir / "wandb"), mode

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -32,21 +33,27 @@ def formula(name: str) -> str:
     return first.lstrip("# ").strip()
 
 
-def collect(sweep: Path) -> list[dict]:
-    jobs = []
-    for cfg_file in sorted(sweep.glob("*/.hydra/config.yaml")):
+def collect(sweep: Path) -> tuple[list[dict], list[tuple[Path, str]]]:
+    """Every job under ``sweep`` at any depth (a folder with ``.hydra/config.yaml``), and the
+    jobs left out with the reason."""
+    jobs, skipped = [], []
+    for cfg_file in sorted(sweep.rglob(".hydra/config.yaml")):
         job = cfg_file.parent.parent
         metrics = job / "metrics.jsonl"
         best = job / "checkpoints" / "best.pt"
-        if not metrics.is_file() or not best.is_file():
+        records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.is_file() else []
+        if not records:
+            skipped.append((job, "no validation in metrics.jsonl yet (unfinished or failed?)"))
+            continue
+        if not best.is_file():
+            skipped.append((job, "no checkpoints/best.pt"))
             continue
         cfg = OmegaConf.load(cfg_file)
-        records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
         last = records[-1]
         name = cfg.attention.name
         jobs.append(
             {
-                "job": job.name,
+                "job": str(job.relative_to(sweep)),
                 "attention": name,
                 "order": cfg.decoder.order,
                 "cell": cfg.encoder.cell,
@@ -59,13 +66,18 @@ def collect(sweep: Path) -> list[dict]:
                 "formula": formula(name),
             }
         )
-    return jobs
+    return jobs, skipped
 
 
 def write_report(sweep: Path, sentence: str) -> tuple[Path, Path]:
-    jobs = collect(sweep)
+    jobs, skipped = collect(sweep)
+    for job, why in skipped:
+        print(f"skipped {job}: {why}", file=sys.stderr)
     if not jobs:
-        raise SystemExit(f"{sweep}: no finished jobs (*/.hydra/config.yaml with metrics.jsonl and checkpoints/best.pt)")
+        raise SystemExit(
+            f"{sweep}: no finished jobs (a folder at any depth with .hydra/config.yaml, metrics.jsonl holding a "
+            f"validation, and checkpoints/best.pt); {len(skipped)} skipped"
+        )
     jobs.sort(key=lambda j: -j["bleu"])
     panels = []
     for j in jobs:
@@ -97,6 +109,8 @@ def write_report(sweep: Path, sentence: str) -> tuple[Path, Path]:
     lines += ["", "Translations of the example sentence:", ""]
     lines += [f"- **{j['attention']}**: {j['example']}" for j in jobs]
     lines += ["", f"![BLEU per attention, and the example's attention under each]({png.name})", ""]
+    if skipped:
+        lines += ["Jobs left out:", ""] + [f"- `{job.relative_to(sweep)}`: {why}" for job, why in skipped] + [""]
     md = sweep / "report.md"
     md.write_text("\n".join(lines), encoding="utf-8")
     (sweep / "report.json").write_text(json.dumps(jobs, indent=1))

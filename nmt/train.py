@@ -6,6 +6,7 @@ Examples::
     python -m nmt.train attention=general decoder=luong  # swap parts
     python -m nmt.train -m attention=dot,general,concat,bahdanau   # sweep
     python -m nmt.train hydra.run.dir=outputs/run1 trainer.resume=true
+    python -m nmt.train trainer.resume=true               # the newest run of this command under outputs/
     torchrun --standalone --nproc_per_node 4 -m nmt.train hydra.run.dir=outputs/ddp   # data-parallel
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,16 +26,19 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from nmt.config import register_configs, to_plain
-from nmt.data import build_specs, build_tokenizer, prepare_corpus
-from nmt.data.batching import Batch, BatchStream, worker_context, worker_init
+from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
+from nmt.data.batching import Batch, BatchStream, worker_context, worker_errors, worker_init
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist, init_distributed, shutdown
 from nmt.errors import ConfigError, NmtError
+from nmt.heartbeat import heartbeat
 from nmt.logger import RunLogger
 from nmt.models.build import build_model, count_parameters
+from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
-from nmt.trainer import Trainer, config_changes, find_checkpoint
+from nmt.trainer import FitResult
+from nmt.training import build_trainer, config_changes, run_to_resume
 
 log = logging.getLogger("nmt.train")
 
@@ -96,21 +102,30 @@ def build_loader(
         # start a DataLoader worker.
         multiprocessing_context=worker_context() if d.num_workers else None,
     )
-    return iter(loader)
+    return worker_errors(iter(loader))
 
 
-def run(cfg: DictConfig, run_dir: Path) -> dict:
-    """Train with a resolved config; returns the last validation record."""
+def resume_command(overrides: Sequence[str], run_dir: Path) -> str:
+    """The exact command that continues a run: its overrides, its run directory, trainer.resume=true."""
+    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("trainer.resume", "hydra.run.dir")]
+    return shlex.join(["python", "-m", "nmt.train", *keep, f"hydra.run.dir={run_dir}", "trainer.resume=true"])
+
+
+def run(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:
+    """Train with a resolved config; returns the last validation record. ``overrides`` (the command
+    line's) only make the resume hint exact."""
     plain = to_plain(cfg)  # resolves interpolations and fails on missing values before any work
     d, device = init_distributed(resolve_device(cfg.device))
     try:
-        return _run(cfg, plain, Path(d.broadcast(str(run_dir))), d, device)  # rank 0's run dir for all
+        return _run(cfg, plain, Path(d.broadcast(str(run_dir))), d, device, overrides)
     finally:
         shutdown(d)
 
 
-def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.device) -> dict:
+def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.device, overrides: Sequence[str]) -> dict:
     quiet_other_ranks(d)
+    if d.is_main:
+        log.info("run directory: %s", run_dir)
     if cfg.data.num_workers > 1:
         raise ConfigError(
             f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (the batch stream runs in one worker "
@@ -125,6 +140,7 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
             d.world_size * cfg.trainer.accum_steps,
             cfg.data.max_tokens,
         )
+    rundir = RunDir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -135,9 +151,11 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     if not d.is_main:
         prepare_corpus(cfg.data)
     specs = build_specs(cfg.data)
-    resume_from = find_checkpoint(run_dir / "checkpoints", device) if cfg.trainer.resume else None
+    if cfg.data.strict and d.is_main:
+        check_corpus(specs["train"])  # a bad line stops the run here, not in the DataLoader worker later
+    resume_from = rundir.resumable(device) if cfg.trainer.resume else None
     if cfg.trainer.resume and resume_from is None:
-        log.warning("trainer.resume=true but %s has no usable checkpoint: starting at step 0", run_dir / "checkpoints")
+        log.warning("trainer.resume=true, but %s has no checkpoint yet: starting this run at step 0", run_dir)
     if resume_from is not None:
         changed = config_changes(resume_from[1]["config"], plain, list(cfg.trainer.allow_changes))
         if changed:
@@ -147,7 +165,10 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
             )
         tokenizer = Tokenizer.from_state_dict(resume_from[1]["tokenizer"])  # the run's own pieces
     else:  # trained once, on rank 0; every rank gets the same pieces
-        state = build_tokenizer(cfg.tokenizer, specs["train"]).state_dict() if d.is_main else None
+        state = None
+        if d.is_main:
+            with heartbeat("preparing sentencepiece (read the corpus sample, train or load from the cache)"):
+                state = build_tokenizer(cfg.tokenizer, specs["train"]).state_dict()
         tokenizer = Tokenizer.from_state_dict(d.broadcast(state))
     model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(
         device
@@ -162,26 +183,111 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     )
     valid = load_pairs(specs["valid"])
     logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume) if d.is_main else None
-    trainer = Trainer(model, tokenizer, cfg, plain, run_dir, device, valid, logger, d)
-    if resume_from is not None:
-        trainer.load_state(*resume_from)
-    p = trainer.progress
-    loader = build_loader(
-        cfg, specs["train"], tokenizer, device, trainer.shards, trainer.num_shards, trainer.data_starts()
-    )
-    try:
+    try:  # the logger's one owner: finished here, whatever happens
+        trainer = build_trainer(cfg, plain, model, tokenizer, valid, rundir, device, d, logger)
+        if resume_from is not None:
+            trainer.load_state(*resume_from, seed=cfg.seed)
+        loader = build_loader(
+            cfg, specs["train"], tokenizer, device, trainer.shards, trainer.num_shards, trainer.data_starts()
+        )
+        log.info("%s", stop_rule(cfg.trainer))
         result = trainer.fit(loader)
     finally:
         if logger is not None:
             logger.finish()
-    log.info("done: best valid BLEU %.2f; checkpoints in %s", p.best_bleu, trainer.ckpt_dir)
-    return result
+    return finish(result, trainer, rundir, resume_command(overrides, run_dir))
+
+
+def stop_rule(t) -> str:
+    """One line on when the run ends, so nobody wonders whether it ever will."""
+    limits = [f"trainer.{k}={getattr(t, k):g}" for k in ("max_steps", "max_minutes", "max_epochs") if getattr(t, k)]
+    rule = f"training until {' or '.join(limits)}" if limits else "training with no step/time limit"
+    if t.patience:
+        rule += f"{' or' if limits else ','} until {t.patience} validations bring no BLEU gain (trainer.patience)"
+    return rule + "; Ctrl-C saves a checkpoint and prints how to resume"
+
+
+def finish(result: FitResult, trainer, rundir: RunDir, resume: str) -> dict:
+    """Say how the run ended: why, where the best model is and how to use it (or how to resume)."""
+    p = trainer.progress
+    if result.signum is not None:
+        if result.saved is not None:
+            log.warning(
+                "interrupted at step %d: saved %s; continue with trainer.resume=true in the same run directory:\n  %s",
+                p.step,
+                result.saved,
+                resume,
+            )
+        raise SystemExit(128 + result.signum)
+    if result.fault:
+        raise NmtError(
+            f"stopped at step {p.step}: {result.reason}; {rundir.checkpoints / 'last.pt'} holds the weights from "
+            "before the fault (try a lower trainer.lr, or check the data)"
+        )
+    if trainer.saver.failed:
+        raise NmtError(
+            f"training ended at step {p.step}, but its final checkpoint could not be written to "
+            f"{rundir.checkpoints} (see the errors above)"
+        )
+    log.info("stopping: %s", result.reason)
+    if trainer.dist.is_main and p.best_bleu >= 0:
+        best = rundir.checkpoints / "best.pt"
+        log.info("best valid BLEU %.2f at step %d: %s", p.best_bleu, p.best_step, best)
+        log.info("translate with: python -m nmt.translate checkpoint=%s input=FILE output=FILE", best)
+        limit = result.reason.split()[1].split("=")[0] if result.reason.startswith("reached trainer.") else None
+        if limit:
+            log.info("to train further, raise %s and resume: %s %s=...", limit, resume, limit)
+    return result.last_validation
+
+
+def detach_file_log() -> list[logging.FileHandler]:
+    """Remove (and close) the root logger's file handlers, returning them."""
+    root = logging.getLogger()
+    gone = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+    for h in gone:
+        root.removeHandler(h)
+        h.close()
+    return gone
+
+
+def adopt(fresh: Path, chosen: RunDir) -> None:
+    """Log into the run being resumed instead of the folder Hydra made for this invocation, and drop
+    that folder when it holds nothing but Hydra's own files."""
+    for h in detach_file_log():
+        new = logging.FileHandler(chosen.log, mode="a", encoding="utf-8")
+        new.setFormatter(h.formatter)
+        new.setLevel(h.level)
+        logging.getLogger().addHandler(new)
+    drop_if_unused(fresh)
+
+
+def drop_if_unused(run_dir: Path) -> None:
+    """Remove a run directory that holds nothing but Hydra's own files (config copies, an empty log)."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> float:
     try:
-        result = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+        hc = HydraConfig.get()
+        run_dir = Path(hc.runtime.output_dir)
+        overrides = list(hc.overrides.task)
+        given = any(o.split("=", 1)[0] == "hydra.run.dir" for o in hc.overrides.hydra)
+        if cfg.trainer.resume and not given and hc.mode.name == "RUN" and "RANK" not in os.environ:
+            try:
+                chosen = run_to_resume(overrides, Path(hc.run.dir).parent.parent, run_dir)
+            except NmtError as e:
+                detach_file_log()  # the error goes to the console only: this invocation's folder is dropped
+                drop_if_unused(run_dir)
+                log.error("%s", e)
+                sys.exit(2)
+            log.info(
+                "trainer.resume=true without hydra.run.dir: continuing the newest run of this command, %s", chosen.root
+            )
+            adopt(run_dir, chosen)
+            run_dir = chosen.root
+        result = run(cfg, run_dir, overrides)
     except NmtError as e:
         log.error("%s", e)
         sys.exit(2)

@@ -1,8 +1,11 @@
-"""The training loop: optimisation, validation, early stopping, checkpoints, resume, signals.
+"""The training loop and the small collaborators it delegates to.
 
-One loop, no callbacks: read top to bottom to see everything a step does. The step
-itself never waits on the device (losses are accumulated as tensors and read only
-when logging), so CUDA runs ahead of Python.
+The loop (``Trainer.fit``) reads as a list of delegations: a ``Precision`` runs the step's
+arithmetic, a ``Validator`` scores the model, ``EarlyStopping`` keeps the best BLEU, a
+``CheckpointSaver`` writes the run directory, a ``RunLogger`` records metrics. All of them
+are built from the config outside (``nmt.training.build_trainer``) and passed in, so
+nothing here reads a config. The step never waits on the device (losses are accumulated as
+tensors and read only when logging), so CUDA runs ahead of Python.
 """
 
 from __future__ import annotations
@@ -25,13 +28,12 @@ from tqdm import tqdm
 
 from nmt import checkpoint
 from nmt.data.batching import Batch, eval_batches, shard_starts
-from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist
-from nmt.errors import CheckpointError, ConfigError, NmtError
+from nmt.heartbeat import clock, heartbeat
 from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq, nll_loss
 from nmt.plots import heatmap
-from nmt.search import SearchOptions
+from nmt.rundir import RunDir
 from nmt.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -45,41 +47,38 @@ class Progress:
     epoch: int = 0  # newest epoch any shard has reached
     # Per data shard, the [epoch, index] of its last consumed batch (see BatchStream).
     positions: list[list[int]] = field(default_factory=list)
-    best_bleu: float = -1.0
+    best_bleu: float = -1.0  # -1: no validation yet
+    best_step: int = 0
     bad_validations: int = 0  # validations in a row without a BLEU gain (early stopping)
     elapsed_s: float = 0.0  # wall-clock seconds of training so far (counts against max_minutes)
     bad_steps: int = 0  # non-finite steps in a row
     skipped_steps: int = 0  # non-finite steps in all (their updates were skipped)
     last_validation: dict = field(default_factory=dict)  # the newest metrics.jsonl record
+    valid_every: int = 0  # the validation interval in steps, once fixed (see Schedule.valid_every)
 
 
-def build_optimizer(model: torch.nn.Module, t: Any) -> torch.optim.Optimizer:
-    opts = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-    if t.optimizer not in opts:
-        raise ConfigError(f"trainer.optimizer={t.optimizer!r} is unknown; choose one of {sorted(opts)}")
-    # fused: one kernel over all parameters instead of ~10 element-wise passes per tensor (+1-5% for
-    # model R on CPU, docs/benchmarks.md); the same update rule.
-    return opts[t.optimizer](model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, fused=True)
+@dataclass
+class Schedule:
+    """When the loop stops, validates, saves and logs (plain values, from trainer.* keys)."""
+
+    accum_steps: int = 1
+    clip_grad: float = 1.0
+    label_smoothing: float = 0.1
+    teacher_forcing: float = 1.0
+    max_steps: int = 0
+    max_minutes: float = 0.0
+    max_epochs: int = 0
+    max_bad_steps: int = 5
+    # Validation interval in steps; 0 = fixed after CALIBRATE steps to about valid_minutes of training,
+    # then kept for the whole run (it is saved in the checkpoint, so a resumed run validates at the same steps).
+    valid_every: int = 0
+    valid_minutes: float = 3.0
+    checkpoint_minutes: float = 5.0  # last.pt at least this often (0 = only at validations and the end)
+    log_every: int = 100  # a progress line every this many steps ...
+    log_seconds: float = 30.0  # ... and at least this often
 
 
-def build_scheduler(opt: torch.optim.Optimizer, t: Any):
-    """Per-step LambdaLR for constant/warmup_decay; ReduceLROnPlateau on valid BLEU for plateau."""
-    if t.scheduler == "plateau":
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(
-            opt, mode="max", factor=t.plateau_factor, patience=t.plateau_patience, min_lr=t.min_lr
-        )
-    if t.scheduler == "constant":
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-    if t.scheduler == "warmup_decay":
-        w = max(1, t.warmup_steps)
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / w, math.sqrt(w / (s + 1))))
-    raise ConfigError(f"trainer.scheduler={t.scheduler!r} is unknown; choose constant, warmup_decay or plateau")
-
-
-def cpu_has_native_bf16() -> bool:
-    """AMX or AVX512-BF16: bf16 matrix products run several times faster than float32 there."""
-    cpu = torch.cpu
-    return any(getattr(cpu, f, lambda: False)() for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+CALIBRATE = (5, 20)  # steps between which the step time is measured for an automatic validation interval
 
 
 def rng_state() -> dict:
@@ -96,59 +95,147 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# Keys that may change between an interrupted run and its resumption without being named in
-# trainer.allow_changes: limits, where it runs, and where it logs. Entries ending in "." are prefixes.
-RESUME_MAY_CHANGE = (
-    "trainer.resume",
-    "trainer.allow_changes",
-    "trainer.max_steps",
-    "trainer.max_minutes",
-    "trainer.max_epochs",
-    "trainer.patience",
-    "trainer.log_every",
-    "trainer.threads",
-    "device",
-    "data.dir",
-    "data.num_workers",
-    "tokenizer.cache_dir",
-    "wandb.",
-)
+@dataclass
+class Precision:
+    """How the step computes: autocast on CUDA, bf16 matrix products on capable CPUs (applied to the
+    model once by the builder), a GradScaler for fp16."""
+
+    device: torch.device
+    autocast_dtype: torch.dtype | None  # CUDA autocast; None = off
+    description: str  # for the log
+    scaler: torch.amp.GradScaler
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
 
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+class Validator:
+    """Validation loss, and BLEU/chrF of translations made exactly as ``nmt.translate`` makes them."""
+
+    def __init__(
+        self,
+        translator: Translator,
+        pairs: list[tuple[str, str]],
+        bleu_sentences: int,
+        max_tokens: int,
+        precision: Precision,
+        plot_sentences: int,
+        plot_dir: Path,
+    ):
+        self.translator, self.max_tokens, self.precision = translator, max_tokens, precision
+        tok = translator.tok
+        src = [s for s, _ in pairs]
+        self.src_ids, self.tgt_ids = tok.encode_src(src), tok.encode_tgt([t for _, t in pairs])
+        n = bleu_sentences or len(pairs)
+        self.bleu_src, self.bleu_ref = src[:n], [t for _, t in pairs[:n]]
+        self.plot_sentences, self.plot_dir = min(plot_sentences, n), plot_dir
+
+    @torch.no_grad()
+    def __call__(self, model: Seq2Seq) -> dict:
+        model.eval()
+        loss_sum, n_tok = 0.0, 0
+        for _, b in eval_batches(self.src_ids, self.tgt_ids, self.max_tokens):
+            b = b.to(self.precision.device)
+            with self.precision.autocast():
+                logits, _ = model(b.src, b.src_len, b.tgt_in)
+            loss_sum += float(nll_loss(logits, b.tgt_out))
+            n_tok += b.n_tgt_tokens
+        hyps = [tr.text for tr in self.translator.translate(self.bleu_src)]
+        model.train()
+        loss = loss_sum / max(1, n_tok)
+        return {
+            "loss": loss,
+            "ppl": math.exp(min(loss, 50.0)),
+            "bleu": sacrebleu.corpus_bleu(hyps, [self.bleu_ref]).score,
+            "chrf": sacrebleu.corpus_chrf(hyps, [self.bleu_ref]).score,
+            "example": hyps[0] if hyps else "",
+        }
+
+    def plot(self, step: int) -> dict[str, Path]:
+        """Heatmaps of the first few validation sentences (saved in the run directory, sent to wandb)."""
+        if self.plot_sentences <= 0:
+            return {}
+        self.plot_dir.mkdir(parents=True, exist_ok=True)
+        images = {}
+        for k, tr in enumerate(self.translator.translate(self.bleu_src[: self.plot_sentences], return_attention=True)):
+            if tr.hypothesis.attention is not None:
+                images[f"attention/sent{k}"] = heatmap(
+                    tr.hypothesis.attention,
+                    tr.src_pieces,
+                    tr.tgt_pieces,
+                    self.plot_dir / f"step{step:07d}_sent{k}.png",
+                    title=f"step {step}: {tr.text[:60]}",
+                )
+        return images
 
 
-def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[str]:
-    """Keys whose values differ between two configs, minus those allowed to change."""
-    a, b = flatten(saved), flatten(current)
-    ok = tuple(RESUME_MAY_CHANGE) + tuple(allowed)
-    return [
-        f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
-        for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k) and not any(k == x or (x.endswith(".") and k.startswith(x)) for x in ok)
-    ]
+@dataclass
+class EarlyStopping:
+    """Keeps the best validation BLEU; stops after ``patience`` validations without a gain (0 = never)."""
+
+    patience: int = 5
+
+    def update(self, p: Progress, bleu: float) -> bool:
+        """Record a validation; True when it is the best so far."""
+        if bleu > p.best_bleu:
+            p.best_bleu, p.best_step, p.bad_validations = bleu, p.step, 0
+            return True
+        p.bad_validations += 1
+        return False
+
+    def reason(self, p: Progress) -> str | None:
+        if self.patience and p.bad_validations >= self.patience:
+            return f"no BLEU gain in {self.patience} validations (trainer.patience)"
+        return None
 
 
-def find_checkpoint(ckpt_dir: Path, device: torch.device) -> tuple[Path, dict] | None:
-    """The newest loadable checkpoint of a run: last.pt, else the step_N.pt files, newest first."""
-    candidates = [ckpt_dir / "last.pt"] + sorted(
-        ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]), reverse=True
-    )
-    for path in candidates:
-        if not path.is_file():
-            continue
-        try:
-            return path, checkpoint.load(path, map_location=device)
-        except CheckpointError as e:
-            log.warning("%s; falling back to an older checkpoint", e)
-    return None
+class CheckpointSaver:
+    """Writes checkpoints into the run directory on rank 0: ``last.pt`` (everything, to resume),
+    ``best.pt`` (weights only, to translate), ``step_N.pt`` (the newest ``keep_last``, to average).
+
+    A file that cannot be written (disk full, permissions) is reported, the previous one is kept,
+    and training goes on; ``failed`` says whether the newest write failed.
+    """
+
+    def __init__(self, rundir: RunDir, dist: Dist, keep_last: int = 0):
+        self.rundir, self.dist, self.keep_last = rundir, dist, keep_last
+        self.failed = False
+
+    def save(self, state: dict, best: bool = False, step: int | None = None) -> Path | None:
+        """``state`` from ``Trainer.state()`` (every rank calls both); returns last.pt's path when written."""
+        if not self.dist.is_main:
+            return None
+        files = [("last.pt", state)]
+        if best:
+            files.append(("best.pt", checkpoint.weights_only(state)))
+        if step is not None and self.keep_last > 0:
+            files.append((f"step_{step}.pt", state))
+        written = None
+        for name, payload in files:
+            try:
+                path = self.rundir.write_checkpoint(name, payload)
+            except OSError as e:
+                log.error("cannot write checkpoint %s (%s); the previous one is kept", name, e.strerror or e)
+                self.failed = True
+                continue
+            self.failed = False
+            written = written or path
+        if step is not None and self.keep_last > 0:
+            self.rundir.prune(self.keep_last)
+        return written
+
+
+@dataclass
+class FitResult:
+    """How ``fit`` ended: ``reason`` (a limit, early stopping, a fault) or ``signum`` (interrupted)."""
+
+    reason: str
+    last_validation: dict
+    signum: int | None = None
+    fault: bool = False  # stopped by trainer.max_bad_steps
+    saved: Path | None = None  # the checkpoint written last, if any
 
 
 class StopSignal:
@@ -181,9 +268,11 @@ class Window:
         self.loss = torch.zeros((), device=device)
         self.loss_tokens = self.tgt_tokens = self.src_tokens = 0
         self.start, self.paused = time.monotonic(), 0.0  # paused: validation time to leave out
+        self.steps = 0
 
     def add(self, loss: torch.Tensor | None, micro: list[Batch]) -> None:
         n_tgt = sum(b.n_tgt_tokens for b in micro)
+        self.steps += 1
         if loss is not None:  # a skipped (non-finite) step adds its tokens to the throughput only
             self.loss += loss
             self.loss_tokens += n_tgt
@@ -202,54 +291,29 @@ class Trainer:
     def __init__(
         self,
         model: Seq2Seq,
-        tokenizer: Tokenizer,
-        cfg: Any,
-        plain_config: dict,
-        run_dir: Path,
-        device: torch.device,
-        valid_pairs: list[tuple[str, str]],
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        precision: Precision,
+        validator: Validator | None,
+        stopping: EarlyStopping,
+        saver: CheckpointSaver,
         logger: RunLogger | None,
+        schedule: Schedule,
+        static_state: dict,
         dist: Dist | None = None,
+        net: torch.nn.Module | None = None,
     ):
-        """``logger`` is None on every rank but 0; under torchrun ``model`` is wrapped in
-        DistributedDataParallel for the training step only (validation, decoding and
-        checkpoints use the plain module, on rank 0)."""
-        self.model, self.tok, self.cfg, self.t = model, tokenizer, cfg, cfg.trainer
-        self.plain_config, self.run_dir, self.device = plain_config, run_dir, device
-        self.ckpt_dir = run_dir / "checkpoints"
-        self.logger, self.dist = logger, dist or Dist()
-        self.net: torch.nn.Module = model
-        if self.dist.active:
-            ids = [device.index] if device.type == "cuda" else None
-            self.net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        if self.t.accum_steps < 1:
-            raise ConfigError(f"trainer.accum_steps={self.t.accum_steps}: expected an integer >= 1")
-        self.opt = build_optimizer(model, self.t)
-        self.sched = build_scheduler(self.opt, self.t)
+        """``net`` is what the step runs (``model`` wrapped in DistributedDataParallel under torchrun);
+        validation, decoding and checkpoints use the plain ``model``. ``validator`` and ``logger`` exist
+        on rank 0 only. ``static_state`` (tokenizer, config) goes into every checkpoint as it is."""
+        self.model, self.net = model, net if net is not None else model
+        self.opt, self.sched, self.precision = optimizer, scheduler, precision
+        self.validator, self.stopping, self.saver, self.logger = validator, stopping, saver, logger
+        self.s, self.static_state, self.dist = schedule, static_state, dist or Dist()
+        self.device = precision.device
         self.progress = Progress()
-        self.last_save_failed = False
-        self.amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}.get(self.t.amp, "?")
-        if self.amp_dtype == "?":
-            raise ConfigError(f"trainer.amp={self.t.amp!r} is unknown; choose none, bf16 or fp16")
-        precision = "float32" if self.amp_dtype is None else f"{self.t.amp} autocast"
-        if device.type == "cpu":
-            # Autocasting the whole CPU step loses: it casts per op and per time step. The big
-            # products (vocabulary projection, the RNN step loops' GEMMs) run in bf16 instead, weights
-            # cast once per pass, and only where the CPU has bf16 matrix units (AMX / AVX512-BF16);
-            # see docs/benchmarks.md.
-            native = self.amp_dtype == torch.bfloat16 and cpu_has_native_bf16()
-            model.encoder.matmul_dtype = model.decoder.matmul_dtype = torch.bfloat16 if native else None
-            precision = "float32, bf16 matrix products" if native else "float32"
-            self.amp_dtype = None
-        log.info("training precision: %s", precision)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
-        valid_src = [s for s, _ in valid_pairs]
-        self.valid_src_ids = tokenizer.encode_src(valid_src)
-        self.valid_tgt_ids = tokenizer.encode_tgt([t for _, t in valid_pairs])
-        n_bleu = cfg.data.valid_max_sentences or len(valid_pairs)
-        self.bleu_src, self.bleu_ref = valid_src[:n_bleu], [t for _, t in valid_pairs[:n_bleu]]
-        search = SearchOptions(beam_size=self.t.val_beam_size)  # what nmt.translate does at that beam size
-        self.translator = Translator(model, tokenizer, device, search, max_tokens=4 * cfg.data.max_tokens)
+        self._calibration: tuple[int, float] | None = None
+        self._saved_at = self._logged_at = 0.0  # elapsed_s of the newest last.pt / progress line
 
     # ---- checkpoints ----
     def state(self) -> dict:
@@ -264,98 +328,43 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
-            "scaler": self.scaler.state_dict(),
+            "scaler": self.precision.scaler.state_dict(),
             "progress": {**self.progress.__dict__, "positions": positions},
             "rng": [part["rng"] for part in parts],  # one per rank
-            "tokenizer": self.tok.state_dict(),
-            "config": self.plain_config,
+            **self.static_state,
         }
 
-    def save(self, *names: str) -> Path | None:
-        """Write checkpoints (every rank calls this, rank 0 writes); returns the first path written.
+    def save(self, best: bool = False, step: int | None = None) -> Path | None:
+        path = self.saver.save(self.state(), best=best, step=step)
+        self._saved_at = self.progress.elapsed_s
+        return path
 
-        On a disk error say so, keep the previous file, and go on training.
-        """
-        state = self.state()
-        if not self.dist.is_main:
-            return None
-        written = None
-        for name in names:
-            path = self.ckpt_dir / name
-            try:
-                checkpoint.save(path, state)
-            except OSError as e:
-                log.error("cannot write checkpoint %s (%s); the previous one is kept", path, e.strerror or e)
-                self.last_save_failed = True
-                continue
-            self.last_save_failed = False
-            written = written or path
-        return written
-
-    def load_state(self, path: Path, ckpt: dict) -> None:
-        """Continue from a checkpoint of this run (see ``find_checkpoint``)."""
+    def load_state(self, path: Path, ckpt: dict, seed: int = 0) -> None:
+        """Continue from a checkpoint of this run (see ``RunDir.resumable``)."""
         self.model.load_state_dict(ckpt["model"])
         self.opt.load_state_dict(ckpt["optimizer"])
         self.sched.load_state_dict(ckpt["scheduler"])
-        self.scaler.load_state_dict(ckpt["scaler"])
-        self.progress = Progress(**ckpt["progress"])
+        self.precision.scaler.load_state_dict(ckpt["scaler"])
+        self.progress = p = Progress(**ckpt["progress"])
+        self._saved_at = self._logged_at = p.elapsed_s
         rngs = ckpt["rng"]
         if self.dist.rank < len(rngs):
             set_rng_state(rngs[self.dist.rank])
         else:  # more ranks than the run had: a fresh stream per rank, still reproducible
-            torch.manual_seed(self.cfg.seed + 7919 * self.dist.rank + self.progress.step)
-        log.info(
-            "resuming from %s: step %d, epoch %d, best BLEU %.2f",
-            path,
-            self.progress.step,
-            self.progress.epoch,
-            self.progress.best_bleu,
-        )
+            torch.manual_seed(seed + 7919 * self.dist.rank + p.step)
+        best = f"best BLEU {p.best_bleu:.2f} at step {p.best_step}" if p.best_bleu >= 0 else "no validation yet"
+        log.info("resuming from %s: step %d, epoch %d, %s", path, p.step, p.epoch, best)
 
-    def _prune_step_checkpoints(self) -> None:
-        old = sorted(self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
-        for p in old[: -self.t.keep_last]:
-            p.unlink(missing_ok=True)
-
-    # ---- validation ----
-    @torch.no_grad()
-    def validate(self) -> dict:
-        self.model.eval()
-        loss_sum, n_tok = 0.0, 0
-        for _, b in eval_batches(self.valid_src_ids, self.valid_tgt_ids, self.cfg.data.max_tokens):
-            b = b.to(self.device)
-            with self._autocast():
-                logits, _ = self.model(b.src, b.src_len, b.tgt_in)
-            loss_sum += float(nll_loss(logits, b.tgt_out))
-            n_tok += b.n_tgt_tokens
-        hyps = [tr.text for tr in self.translator.translate(self.bleu_src)]
-        self.model.train()
-        loss = loss_sum / max(1, n_tok)
-        bleu = sacrebleu.corpus_bleu(hyps, [self.bleu_ref])
-        chrf = sacrebleu.corpus_chrf(hyps, [self.bleu_ref])
-        return {
-            "loss": loss,
-            "ppl": math.exp(min(loss, 50.0)),
-            "bleu": bleu.score,
-            "chrf": chrf.score,
-            "example": hyps[0] if hyps else "",
-        }
-
-    def _autocast(self):
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
-
-    # ---- the loop ----
+    # ---- data ----
     @property
     def shards(self) -> range:
         """The data shards this rank reads: one per micro-batch of an update (see BatchStream)."""
-        a = self.t.accum_steps
+        a = self.s.accum_steps
         return range(self.dist.rank * a, (self.dist.rank + 1) * a)
 
     @property
     def num_shards(self) -> int:
-        return self.dist.world_size * self.t.accum_steps
+        return self.dist.world_size * self.s.accum_steps
 
     def data_starts(self) -> list[tuple[int, int]]:
         """(epoch, batches to skip) for each of this rank's shards, from the progress (fresh or resumed)."""
@@ -373,6 +382,7 @@ class Trainer:
         p.positions = [[e, skip - 1] for e, skip in starts]
         return [starts[s] for s in self.shards]
 
+    # ---- one update ----
     def train_step(self, micro: list[Batch]) -> torch.Tensor | None:
         """One update from this rank's micro-batches; returns their summed loss, or None when the
         update was skipped because the loss or gradient was non-finite.
@@ -381,6 +391,7 @@ class Trainer:
         DDP averages gradients over ranks, so the result is the per-token mean over the global
         batch, the same as one process accumulating the same batches.
         """
+        s, scaler = self.s, self.precision.scaler
         (n_tokens,) = self.dist.sum([sum(b.n_tgt_tokens for b in micro)])
         scale = self.dist.world_size / n_tokens
         total = torch.zeros((), device=self.device)
@@ -388,16 +399,16 @@ class Trainer:
             last = k == len(micro) - 1
             sync = contextlib.nullcontext() if last or not self.dist.active else self.net.no_sync()
             with sync:
-                with self._autocast():
-                    logits, _ = self.net(b.src, b.src_len, b.tgt_in, self.t.teacher_forcing)
-                    loss_sum = nll_loss(logits, b.tgt_out, self.t.label_smoothing)
-                self.scaler.scale(loss_sum * scale).backward()
+                with self.precision.autocast():
+                    logits, _ = self.net(b.src, b.src_len, b.tgt_in, s.teacher_forcing)
+                    loss_sum = nll_loss(logits, b.tgt_out, s.label_smoothing)
+                scaler.scale(loss_sum * scale).backward()
             total += loss_sum.detach().float()
-        self.scaler.unscale_(self.opt)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.clip_grad or float("inf"))
-        if self.scaler.is_enabled():  # fp16: the scaler skips inf/NaN steps itself and lowers its scale
-            self.scaler.step(self.opt)
-            self.scaler.update()
+        scaler.unscale_(self.opt)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip_grad or float("inf"))
+        if scaler.is_enabled():  # fp16: the scaler skips inf/NaN steps itself and lowers its scale
+            scaler.step(self.opt)
+            scaler.update()
             ok = True
         else:
             # The one host sync per step: a NaN must never reach the weights or Adam's moments.
@@ -412,64 +423,52 @@ class Trainer:
             self.sched.step()
         return total
 
-    def _done(self, p: Progress) -> str | None:
-        t = self.t
-        if t.max_steps and p.step >= t.max_steps:
-            return f"reached trainer.max_steps={t.max_steps}"
-        if t.max_minutes and p.elapsed_s >= 60 * t.max_minutes:
-            return f"reached trainer.max_minutes={t.max_minutes}"
-        if t.max_epochs and p.epoch >= t.max_epochs:
-            return f"reached trainer.max_epochs={t.max_epochs}"
-        if t.patience and p.bad_validations >= t.patience:
-            return f"no BLEU gain in {t.patience} validations (trainer.patience)"
-        if t.max_bad_steps and p.bad_steps >= t.max_bad_steps:
+    # ---- the loop ----
+    def _limit_reason(self, p: Progress) -> str | None:
+        s = self.s
+        if s.max_steps and p.step >= s.max_steps:
+            return f"reached trainer.max_steps={s.max_steps}"
+        if s.max_minutes and p.elapsed_s >= 60 * s.max_minutes:
+            return f"reached trainer.max_minutes={s.max_minutes:g}"
+        if s.max_epochs and p.epoch >= s.max_epochs:
+            return f"reached trainer.max_epochs={s.max_epochs}"
+        if s.max_bad_steps and p.bad_steps >= s.max_bad_steps:
             return f"{p.bad_steps} non-finite steps in a row (trainer.max_bad_steps)"
-        return None
+        return self.stopping.reason(p)
 
-    def fit(self, batches: Iterator[Batch]) -> dict:
-        """Train until a limit, early stopping or a signal; validate and save at the end.
+    def fit(self, batches: Iterator[Batch]) -> FitResult:
+        """Train until a limit, early stopping, a fault or a signal; validate and save at the end.
 
-        Every stop decision is taken from values all ranks agree on (one small all-reduce per
-        step under torchrun: the signal, the elapsed time, the epoch), so ranks stop together.
+        Every decision is taken from values all ranks agree on (one small all-reduce per step under
+        torchrun: the signal, the elapsed time, the epoch), so ranks stop, log and save together.
         """
-        p, t = self.progress, self.t
+        p, s = self.progress, self.s
         self.model.train()
         started, elapsed_at_start = time.monotonic(), p.elapsed_s
         since_log, since_valid = Window(self.device), Window(self.device)
         bar = tqdm(
-            total=t.max_steps or None,
+            total=s.max_steps or None,
             initial=p.step,
             unit="step",
             dynamic_ncols=True,
             mininterval=2.0,
-            disable=None if self.dist.is_main else True,
+            disable=None if self.dist.is_main else True,  # None: shown only at a terminal
             file=sys.stderr,
         )
+        signum = None
         with StopSignal() as stop:
-            while True:
-                reason = self._done(p)
-                if reason is not None:
-                    break
-                micro = [next(batches) for _ in range(t.accum_steps)]
+            while (reason := self._limit_reason(p)) is None:
+                micro = [next(batches) for _ in range(s.accum_steps)]
                 local = [stop.signum or 0, elapsed_at_start + time.monotonic() - started, max(b.epoch for b in micro)]
-                signum, p.elapsed_s, epoch = self.dist.max(local)
-                if signum:
-                    stop.signum = int(signum)
+                sig, p.elapsed_s, epoch = self.dist.max(local)
+                if sig:
+                    signum = int(sig)
                     break
-                if t.max_epochs and epoch >= t.max_epochs:  # these batches open an epoch past the limit
+                if s.max_epochs and epoch >= s.max_epochs:  # these batches open an epoch past the limit
                     p.epoch = int(epoch)
                     continue
                 loss = self.train_step([b.to(self.device) for b in micro])
-                if loss is None:
-                    p.bad_steps, p.skipped_steps = p.bad_steps + 1, p.skipped_steps + 1
-                    log.warning(
-                        "step %d: non-finite loss or gradient, update skipped (%d in a row, %d in all)",
-                        p.step + 1,
-                        p.bad_steps,
-                        p.skipped_steps,
-                    )
-                else:
-                    p.bad_steps = 0
+                self._count(p, loss)
                 for w in (since_log, since_valid):
                     w.add(loss, micro)
                 for b in micro:
@@ -477,49 +476,98 @@ class Trainer:
                 p.step, p.epoch = p.step + 1, max(p.epoch, int(epoch))
                 p.elapsed_s = elapsed_at_start + time.monotonic() - started
                 bar.update(1)
-                if p.step % t.log_every == 0:
-                    train_loss, tok_s, _ = since_log.read(self.dist)  # the one sync for logging
-                    lr = self.opt.param_groups[0]["lr"]
-                    shown = "n/a" if train_loss is None else f"{train_loss:.4f}"
-                    bar.set_postfix(loss=shown, tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
-                    msg = "step %d  epoch %d  train loss %s  %.0f tgt tok/s  lr %.2e"
-                    log.info(msg, p.step, p.epoch, shown, tok_s, lr)
+                self._calibrate(p)
+                if p.step % s.log_every == 0 or p.elapsed_s - self._logged_at >= s.log_seconds:
+                    self._log_progress(p, since_log, bar)
                     since_log = Window(self.device)
-                if p.step % t.valid_every == 0 and self._done(p) is None:
+                if p.valid_every and p.step % p.valid_every == 0 and self._limit_reason(p) is None:
                     v0 = time.monotonic()
                     self._validate_and_save(since_valid)
                     since_valid = Window(self.device)
                     since_log.paused += time.monotonic() - v0
-            bar.close()
-            if stop.signum is not None:
-                path = self.save("last.pt")
-                if path is not None:
-                    log.warning("interrupted at step %d: saved %s; continue with trainer.resume=true", p.step, path)
-                if self.logger is not None:
-                    self.logger.finish()
-                raise SystemExit(128 + stop.signum)
-        log.info("stopping: %s", reason)
-        if t.max_bad_steps and p.bad_steps >= t.max_bad_steps:
-            self.save("last.pt")  # the skipped updates left the weights as they were before the fault
-            raise NmtError(
-                f"stopped at step {p.step}: {reason}; {self.ckpt_dir / 'last.pt'} holds the weights from "
-                "before the fault (try a lower trainer.lr, or check the data)"
+                elif s.checkpoint_minutes and p.elapsed_s - self._saved_at >= 60 * s.checkpoint_minutes:
+                    self.save()
+        bar.close()
+        if signum is not None:
+            return FitResult(
+                f"interrupted by {signal.Signals(signum).name}", p.last_validation, signum, saved=self.save()
             )
+        if s.max_bad_steps and p.bad_steps >= s.max_bad_steps:  # the skipped updates left the weights as they were
+            return FitResult(reason, p.last_validation, fault=True, saved=self.save())
         if p.step > 0 and p.last_validation.get("step") != p.step:
             self._validate_and_save(since_valid)
-        if self.last_save_failed:
-            raise NmtError(
-                f"training ended at step {p.step}, but its final checkpoint could not be written to "
-                f"{self.ckpt_dir} (see the errors above)"
+        return FitResult(reason, p.last_validation)
+
+    def _count(self, p: Progress, loss: torch.Tensor | None) -> None:
+        if loss is not None:
+            p.bad_steps = 0
+            return
+        p.bad_steps, p.skipped_steps = p.bad_steps + 1, p.skipped_steps + 1
+        log.warning(
+            "step %d: non-finite loss or gradient, update skipped (%d in a row, %d in all)",
+            p.step + 1,
+            p.bad_steps,
+            p.skipped_steps,
+        )
+
+    def _calibrate(self, p: Progress) -> None:
+        """Fix the validation interval: trainer.valid_every, or about valid_minutes of the measured step time."""
+        if p.valid_every:
+            return
+        if self.s.valid_every:
+            p.valid_every = self.s.valid_every
+            return
+        first, last = CALIBRATE
+        if self._calibration is None and p.step >= first:
+            self._calibration = (p.step, p.elapsed_s)
+        elif self._calibration is not None and p.step - self._calibration[0] >= last - first:
+            step0, t0 = self._calibration
+            per_step = max(1e-6, (p.elapsed_s - t0) / (p.step - step0))
+            p.valid_every = nice_interval(60 * self.s.valid_minutes / per_step)
+            log.info(
+                "validating every %d steps (about %g minutes at %.2f s/step; trainer.valid_every=N fixes it)",
+                p.valid_every,
+                self.s.valid_minutes,
+                per_step,
             )
-        return p.last_validation
+
+    def _log_progress(self, p: Progress, window: Window, bar: tqdm) -> None:
+        """One progress line: step, epoch, loss, speed, elapsed time, share done and ETA of the nearest limit."""
+        train_loss, tok_s, _ = window.read(self.dist)  # the one sync for logging
+        self._logged_at = p.elapsed_s
+        lr = self.opt.param_groups[0]["lr"]
+        shown = "n/a" if train_loss is None else f"{train_loss:.4f}"
+        bar.set_postfix(loss=shown, tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
+        line = f"step {p.step}  epoch {p.epoch}  train loss {shown}  {tok_s:,.0f} tgt tok/s  lr {lr:.2e}"
+        line += f"  elapsed {clock(p.elapsed_s)}{self._eta(p, window)}"
+        log.info("%s", line)
+
+    def _eta(self, p: Progress, window: Window) -> str:
+        """'  37% of trainer.max_steps=3000, ETA 6:40' for whichever limit comes first ('' without one)."""
+        s, options = self.s, []
+        if s.max_steps:
+            steps = max(1, window.steps)
+            per_step = (time.monotonic() - window.start - window.paused) / steps
+            options.append(
+                (p.step / s.max_steps, (s.max_steps - p.step) * per_step, f"trainer.max_steps={s.max_steps}")
+            )
+        if s.max_minutes:
+            total = 60 * s.max_minutes
+            options.append((p.elapsed_s / total, total - p.elapsed_s, f"trainer.max_minutes={s.max_minutes:g}"))
+        if not options:
+            return ""
+        done, left, which = min(options, key=lambda o: o[1])
+        return f"  {100 * min(done, 1.0):.0f}% of {which}, ETA {clock(max(0.0, left))}"
 
     def _validate_and_save(self, window: Window) -> None:
         """Rank 0 validates while the others wait; all apply its result, so early stopping and the
         plateau schedule agree on every rank."""
         p = self.progress
         train_loss, tok_s, src_tgt_tok_s = window.read(self.dist)
-        v = self.validate() if self.dist.is_main else None
+        v = None
+        if self.validator is not None:
+            with heartbeat(f"validating at step {p.step}"):
+                v = self.validator(self.model)
         v = self.dist.broadcast(v)
         record = {
             "step": p.step,
@@ -535,11 +583,7 @@ class Trainer:
             "elapsed_s": p.elapsed_s,
             "skipped_steps": p.skipped_steps,
         }
-        improved = v["bleu"] > p.best_bleu
-        if improved:
-            p.best_bleu, p.bad_validations = v["bleu"], 0
-        else:
-            p.bad_validations += 1
+        improved = self.stopping.update(p, v["bleu"])
         if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.sched.step(v["bleu"])
         p.last_validation = record
@@ -555,28 +599,12 @@ class Trainer:
                 "  (best)" if improved else "",
                 v["example"],
             )
-            self.logger.log_images(self.plot_attention(), step=p.step)
-        keep = self.t.keep_last > 0
-        self.save("last.pt", *(["best.pt"] if improved else []), *([f"step_{p.step}.pt"] if keep else []))
-        if self.dist.is_main and keep:
-            self._prune_step_checkpoints()
+            self.logger.log_images(self.validator.plot(p.step), step=p.step)
+        self.save(best=improved, step=p.step)
 
-    def plot_attention(self) -> dict[str, Path]:
-        """Heatmaps of a few fixed validation sentences, saved under run_dir/attention/ (and sent to wandb)."""
-        n = min(self.t.plot_attention, len(self.bleu_src))
-        if n <= 0:
-            return {}
-        out = self.run_dir / "attention"
-        out.mkdir(exist_ok=True)
-        images = {}
-        for k, tr in enumerate(self.translator.translate(self.bleu_src[:n], return_attention=True)):
-            if tr.hypothesis.attention is not None:
-                path = out / f"step{self.progress.step:07d}_sent{k}.png"
-                images[f"attention/sent{k}"] = heatmap(
-                    tr.hypothesis.attention,
-                    tr.src_pieces,
-                    tr.tgt_pieces,
-                    path,
-                    title=f"step {self.progress.step}: {tr.text[:60]}",
-                )
-        return images
+
+def nice_interval(steps: float) -> int:
+    """Round down to two significant digits (1,234 -> 1,200), at least 10."""
+    n = max(10, int(steps))
+    scale = 10 ** max(0, len(str(n)) - 2)
+    return n // scale * scale

@@ -45,11 +45,13 @@ from hydra import compose, initialize_config_dir
 from nmt.config import to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.corpus import load_pairs
+from nmt.distributed import Dist
 from nmt.models.build import build_model
+from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.search import SearchOptions
 from nmt.train import build_loader  # (importing nmt.train registers the config schema)
-from nmt.trainer import Trainer
+from nmt.training import build_trainer
 from nmt.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,16 +86,8 @@ class NmtRun:
         self.model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
         self.model.to(device)
         run_dir = Path(tempfile.mkdtemp(prefix="nmt-bench-"))
-        self.trainer = Trainer(
-            self.model,
-            tok,
-            cfg,
-            to_plain(cfg),
-            run_dir,
-            device,
-            load_pairs(self.specs["valid"], limit=10),
-            None,
-        )
+        valid = load_pairs(self.specs["valid"], limit=10)
+        self.trainer = build_trainer(cfg, to_plain(cfg), self.model, tok, valid, RunDir(run_dir), device, Dist(), None)
         self.loader = build_loader(cfg, self.specs["train"], tok, device)
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.windows: list[dict] = []

@@ -18,6 +18,10 @@ class Seq2Seq(nn.Module):
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
 
+    def set_matmul_dtype(self, dtype: torch.dtype | None) -> None:
+        """Dtype of the big matrix products on CPU (None = the surrounding one); nmt.training.build_precision."""
+        self.encoder.matmul_dtype = self.decoder.matmul_dtype = dtype
+
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> EncoderOutput:
         return self.encoder(src, src_len)
 

@@ -1,0 +1,234 @@
+"""Config → the trainer and its collaborators (optimiser, schedule, precision, validator, saver).
+
+The one place that reads the ``trainer`` config section; ``nmt.trainer`` gets plain objects.
+Also: which config changes a resumed run may make, and which earlier run a bare
+``trainer.resume=true`` continues.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.data.tokenizer import Tokenizer
+from nmt.distributed import Dist
+from nmt.errors import ConfigError
+from nmt.logger import RunLogger
+from nmt.models.seq2seq import Seq2Seq
+from nmt.rundir import RunDir, discover_runs
+from nmt.search import SearchOptions
+from nmt.trainer import CheckpointSaver, EarlyStopping, Precision, Schedule, Trainer, Validator
+from nmt.translator import Translator
+
+log = logging.getLogger(__name__)
+
+# Decoding keeps no activations for a backward pass, so validation batches can hold several times the
+# training budget in the same memory.
+VALID_BATCH_FACTOR = 4
+
+
+def build_optimizer(model: torch.nn.Module, t: Any) -> torch.optim.Optimizer:
+    opts = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if t.optimizer not in opts:
+        raise ConfigError(f"trainer.optimizer={t.optimizer!r} is unknown; choose one of {sorted(opts)}")
+    # fused: one kernel over all parameters instead of ~10 element-wise passes per tensor (+1-5% for
+    # model R on CPU, docs/benchmarks.md); the same update rule.
+    return opts[t.optimizer](model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, fused=True)
+
+
+def build_scheduler(opt: torch.optim.Optimizer, t: Any):
+    """Per-step LambdaLR for constant/warmup_decay; ReduceLROnPlateau on valid BLEU for plateau."""
+    if t.scheduler == "plateau":
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(
+            opt, mode="max", factor=t.plateau_factor, patience=t.plateau_patience, min_lr=t.min_lr
+        )
+    if t.scheduler == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    if t.scheduler == "warmup_decay":
+        w = max(1, t.warmup_steps)
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / w, math.sqrt(w / (s + 1))))
+    raise ConfigError(f"trainer.scheduler={t.scheduler!r} is unknown; choose constant, warmup_decay or plateau")
+
+
+def cpu_has_native_bf16() -> bool:
+    """AMX or AVX512-BF16: bf16 matrix products run several times faster than float32 there."""
+    cpu = torch.cpu
+    return any(getattr(cpu, f, lambda: False)() for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+
+
+def build_precision(amp: str, device: torch.device, model: Seq2Seq) -> Precision:
+    """``trainer.amp`` → the step's precision; sets the model's matrix-product dtype (the one place that does).
+
+    CUDA: autocast in bf16/fp16 (a GradScaler for fp16). CPU: autocasting the whole step loses (it
+    casts per op and per time step), so with bf16 only the big products (vocabulary projection, the
+    RNN loops' GEMMs) run in bf16, weights cast once per pass, and only where the CPU has bf16 matrix
+    units (AMX / AVX512-BF16); see docs/benchmarks.md.
+    """
+    dtypes = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if amp not in dtypes:
+        raise ConfigError(f"trainer.amp={amp!r} is unknown; choose none, bf16 or fp16")
+    dtype = dtypes[amp]
+    if device.type == "cpu":
+        native = dtype == torch.bfloat16 and cpu_has_native_bf16()
+        model.set_matmul_dtype(torch.bfloat16 if native else None)
+        description, dtype = ("float32, bf16 matrix products" if native else "float32"), None
+    else:
+        model.set_matmul_dtype(None)
+        description = "float32" if dtype is None else f"{amp} autocast"
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+    return Precision(device, dtype, description, scaler)
+
+
+def build_schedule(t: Any) -> Schedule:
+    if t.accum_steps < 1:
+        raise ConfigError(f"trainer.accum_steps={t.accum_steps}: expected an integer >= 1")
+    return Schedule(
+        accum_steps=t.accum_steps,
+        clip_grad=t.clip_grad,
+        label_smoothing=t.label_smoothing,
+        teacher_forcing=t.teacher_forcing,
+        max_steps=t.max_steps,
+        max_minutes=t.max_minutes,
+        max_epochs=t.max_epochs,
+        max_bad_steps=t.max_bad_steps,
+        valid_every=t.valid_every,
+        valid_minutes=t.valid_minutes,
+        checkpoint_minutes=t.checkpoint_minutes,
+        log_every=t.log_every,
+        log_seconds=t.log_seconds,
+    )
+
+
+def build_trainer(
+    cfg: Any,
+    plain_config: dict,
+    model: Seq2Seq,
+    tokenizer: Tokenizer,
+    valid_pairs: list[tuple[str, str]],
+    rundir: RunDir,
+    device: torch.device,
+    dist: Dist,
+    logger: RunLogger | None,
+) -> Trainer:
+    """The trainer with every collaborator built from ``cfg``; validation exists on rank 0 only."""
+    t = cfg.trainer
+    schedule = build_schedule(t)
+    opt = build_optimizer(model, t)
+    precision = build_precision(t.amp, device, model)
+    log.info("training precision: %s", precision.description)
+    validator = None
+    if dist.is_main:
+        search = SearchOptions(beam_size=t.val_beam_size)  # what nmt.translate does at that beam size
+        translator = Translator(model, tokenizer, device, search, max_tokens=VALID_BATCH_FACTOR * cfg.data.max_tokens)
+        validator = Validator(
+            translator,
+            valid_pairs,
+            cfg.data.valid_max_sentences,
+            cfg.data.max_tokens,
+            precision,
+            t.plot_attention,
+            rundir.attention,
+        )
+    net: torch.nn.Module = model
+    if dist.active:  # the step runs the DDP wrapper; validation, decoding and checkpoints the plain model
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    return Trainer(
+        model,
+        opt,
+        build_scheduler(opt, t),
+        precision,
+        validator,
+        EarlyStopping(t.patience),
+        CheckpointSaver(rundir, dist, t.keep_last),
+        logger,
+        schedule,
+        {"tokenizer": tokenizer.state_dict(), "config": plain_config},
+        dist,
+        net,
+    )
+
+
+# ---- resuming ----
+
+# Keys that may change between an interrupted run and its resumption without being named in
+# trainer.allow_changes: limits, where it runs, how it logs, and implementation choices that do not
+# change the maths. Entries ending in "." are prefixes.
+RESUME_MAY_CHANGE = (
+    "trainer.resume",
+    "trainer.allow_changes",
+    "trainer.max_steps",
+    "trainer.max_minutes",
+    "trainer.max_epochs",
+    "trainer.patience",
+    "trainer.log_every",
+    "trainer.log_seconds",
+    "trainer.checkpoint_minutes",
+    "trainer.threads",
+    "device",
+    "data.dir",
+    "data.num_workers",
+    "tokenizer.cache_dir",
+    "wandb.",
+)
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _may_change(key: str, allowed: tuple[str, ...]) -> bool:
+    return any(key == x or (x.endswith(".") and key.startswith(x)) for x in allowed)
+
+
+def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[str]:
+    """Keys whose values differ between two configs, minus those allowed to change."""
+    a, b = flatten(saved), flatten(current)
+    ok = RESUME_MAY_CHANGE + tuple(allowed)
+    return [
+        f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and not _may_change(k, ok)
+    ]
+
+
+def command_key(overrides: list[str]) -> list[str]:
+    """What identifies a run's command: its overrides, less Hydra's own and those a resume may change."""
+    keep = []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if not key.startswith("hydra.") and not _may_change(key, RESUME_MAY_CHANGE):
+            keep.append(o)
+    return sorted(keep)
+
+
+def run_to_resume(overrides: list[str], base: Path, fresh: Path) -> RunDir:
+    """The newest resumable run under ``base`` (e.g. ``outputs/``) started with the same command
+    (overrides, less limits/device/logging), for ``trainer.resume=true`` without ``hydra.run.dir``.
+    ``fresh`` is the folder Hydra just made for this invocation. Otherwise a ConfigError listing them."""
+    mine = command_key(overrides)
+    runs = [r for r in discover_runs(base) if r.root.resolve() != fresh.resolve()]
+    for r in runs:
+        if command_key(r.overrides()) == mine:
+            return r
+    if not runs:
+        raise ConfigError(
+            f"trainer.resume=true: no run under {base}/ has a checkpoint to resume; "
+            "give hydra.run.dir=RUN_DIR of the run to continue"
+        )
+    listed = "; ".join(f"{r.root} ({' '.join(r.overrides()) or 'no overrides'})" for r in runs[:10])
+    raise ConfigError(
+        f"trainer.resume=true: no run under {base}/ was started with these overrides ({' '.join(mine) or 'none'}); "
+        f"resumable runs, newest first: {listed}. Give hydra.run.dir=ONE_OF_THEM (and its overrides)"
+    )

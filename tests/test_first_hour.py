@@ -1,0 +1,201 @@
+"""What a new user meets in the first hour, through the real CLIs: the run directory named first,
+progress lines with an ETA, a validation interval measured in minutes, time-based checkpoints that
+survive SIGKILL, resume without a run directory, data folders that are never invented, flat sweep
+folders that nmt.report finds, one-line errors, a quiet wandb, and checkpoints stored compactly."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from helpers import REPO, TINY, env, popen_module, run_module
+from nmt.rundir import disk_usage
+from nmt.trainer import nice_interval
+
+# A tiny run that validates rarely, so the behaviour under test is not a validation's side effect.
+QUIET = [*TINY, "trainer.valid_every=100000"]
+
+
+def train_in(cwd: Path, args: list[str], cache: Path, check: bool = True, timeout: int = 300):
+    """``python -m nmt.train`` with ``cwd`` as the working directory (where outputs/ goes)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "nmt.train", *args],
+        cwd=cwd,
+        env={**env(cache), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def test_first_lines_name_the_run_and_progress_lines_carry_eta(tmp_path, sample_dir):
+    run = tmp_path / "run"
+    args = [f"data.dir={sample_dir}", *QUIET, "trainer.max_steps=40", "trainer.log_every=20", f"hydra.run.dir={run}"]
+    proc = run_module("nmt.train", args, tmp_path / "cache")
+    lines = proc.stderr.splitlines()
+    assert f"run directory: {run}" in lines[0]
+    progress = [x for x in lines if re.search(r"step (20|40)  epoch", x)]
+    assert len(progress) == 2, proc.stderr[-2000:]
+    assert all(re.search(r"elapsed \d+:\d\d  \d+% of trainer\.max_steps=40, ETA \d+:\d\d", x) for x in progress)
+    assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", progress[0])  # timestamped
+    tail = "\n".join(lines[-4:])
+    assert "stopping: reached trainer.max_steps=40" in tail
+    assert f"python -m nmt.translate checkpoint={run}/checkpoints/best.pt" in tail
+
+
+def test_validation_interval_from_minutes_is_kept_on_resume(tmp_path, sample_dir):
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    # 0.0005 minutes: the interval comes out at the floor of 10 steps on any machine.
+    common = [f"data.dir={sample_dir}", *TINY, "trainer.valid_every=0", "trainer.valid_minutes=0.0005"]
+    proc = run_module("nmt.train", [*common, "trainer.max_steps=30", f"hydra.run.dir={run}"], cache)
+    assert "validating every 10 steps" in proc.stderr
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [20, 30]  # fixed at step 20 (after timing steps 5-20), then every 10
+    resume = [*common, "trainer.max_steps=50", "trainer.resume=true", f"hydra.run.dir={run}"]
+    proc = run_module("nmt.train", resume, cache)
+    assert "validating every" not in proc.stderr  # the interval came back with the checkpoint
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [20, 30, 40, 50]
+
+
+def test_nice_interval():
+    assert [nice_interval(x) for x in (3, 10, 87.9, 1234, 56789)] == [10, 10, 87, 1200, 56000]
+
+
+def test_time_based_checkpoint_survives_sigkill(tmp_path, sample_dir):
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    args = [f"data.dir={sample_dir}", *QUIET, "trainer.checkpoint_minutes=0.01", f"hydra.run.dir={run}"]
+    proc = popen_module("nmt.train", args, cache)
+    last = run / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 120
+    while not last.is_file() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)  # let it train on past the first save
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert last.is_file(), "no last.pt before any validation"
+    step = torch.load(last, weights_only=False)["progress"]["step"]
+    assert step > 0 and not (run / "metrics.jsonl").exists()  # saved by the clock, not by a validation
+    more = run_module("nmt.train", [*args, f"trainer.max_steps={step + 5}", "trainer.resume=true"], cache)
+    assert f"resuming from {last}: step {step}," in more.stderr
+
+
+def test_resume_without_a_run_directory_finds_this_commands_newest_run(tmp_path, sample_dir):
+    cache = tmp_path / "cache"
+    base = [f"data.dir={sample_dir}", *QUIET]
+    train_in(tmp_path, [*base, "trainer.max_steps=20"], cache)
+    (first,) = list((tmp_path / "outputs").glob("*/*"))
+    proc = train_in(tmp_path, [*base, "trainer.max_steps=25", "trainer.resume=true"], cache)
+    assert re.search(r"resuming from \S*checkpoints/last\.pt: step 20,", proc.stderr), proc.stderr[-2000:]
+    assert "starting this run at step 0" not in proc.stderr
+    assert list((tmp_path / "outputs").glob("*/*")) == [first]  # no second run folder left behind
+    # Another command (a different attention) has nothing to resume: an error listing the resumable runs.
+    other = train_in(tmp_path, [*base, "attention=dot", "trainer.resume=true"], cache, check=False)
+    assert other.returncode == 2 and "resumable runs" in other.stderr and str(first.name) in other.stderr
+    assert "Traceback" not in other.stderr
+    assert list((tmp_path / "outputs").glob("*/*")) == [first]
+
+
+def test_interrupt_prints_the_exact_resume_command(tmp_path, sample_dir):
+    run = tmp_path / "run"
+    proc = popen_module("nmt.train", [f"data.dir={sample_dir}", *QUIET, f"hydra.run.dir={run}"], tmp_path / "cache")
+    deadline = time.monotonic() + 120
+    log = run / "train.log"
+    while time.monotonic() < deadline and not (log.is_file() and "training until" in log.read_text()):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert f"hydra.run.dir={run} trainer.resume=true" in out and "continue with trainer.resume=true" in out
+
+
+def test_a_missing_data_dir_is_an_error_and_nothing_is_created(tmp_path):
+    missing = tmp_path / "no" / "such" / "corpus"
+    proc = run_module(
+        "nmt.train", [f"data.dir={missing}", *TINY, f"hydra.run.dir={tmp_path}/run"], tmp_path / "cache", check=False
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"data.dir={missing}: no such folder" in proc.stderr and "train.tsv" in proc.stderr
+    assert not (tmp_path / "no").exists()
+
+
+def test_strict_corpus_error_is_one_line_before_training(tmp_path, sample_dir):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("valid", "test"):
+        (corpus / f"{split}.tsv").write_bytes((sample_dir / f"{split}.tsv").read_bytes())
+    good = (sample_dir / "train.tsv").read_bytes().splitlines(keepends=True)
+    (corpus / "train.tsv").write_bytes(b"".join(good[:50]) + b"no tab on this line\n" + b"".join(good[50:]))
+    args = [f"data.dir={corpus}", "data.strict=true", *TINY, f"hydra.run.dir={tmp_path}/run"]
+    proc = run_module("nmt.train", args, tmp_path / "cache", check=False)
+    assert proc.returncode == 2
+    assert f"{corpus}/train.tsv:51: expected 2 tab-separated columns" in proc.stderr
+    assert "Traceback" not in proc.stderr and "DataLoader worker" not in proc.stderr
+    assert "sentencepiece" not in proc.stderr  # found before any tokenizer work
+
+
+def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_dir):
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m",
+        "attention=dot,general",
+        f"data.dir={sample_dir}",  # a path with '/' in the job's name
+        *TINY,
+        "trainer.max_steps=20",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    run_module("nmt.train", args, tmp_path / "cache")
+    jobs = sorted(p.parent.parent for p in sweep.rglob(".hydra/config.yaml"))
+    assert len(jobs) == 2 and all(j.parent == sweep for j in jobs), jobs
+    (sweep / "broken" / ".hydra").mkdir(parents=True)
+    (sweep / "broken" / ".hydra" / "config.yaml").write_text("{}")
+    proc = run_module("nmt.report", [str(sweep)], tmp_path / "cache")
+    report = (sweep / "report.md").read_text()
+    assert "| dot |" in report and "| general |" in report
+    assert "skipped" in proc.stderr and "broken" in proc.stderr and "`broken`" in report
+
+
+def test_checkpoints_of_a_short_run_take_little_more_than_the_largest_file(tmp_path, sample_dir):
+    run = tmp_path / "run"
+    run_module("nmt.train", [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=30", f"hydra.run.dir={run}"], tmp_path)
+    files = list((run / "checkpoints").iterdir())
+    assert {f.name for f in files} == {"last.pt", "best.pt"}
+    assert disk_usage(run / "checkpoints") <= 1.5 * max(f.stat().st_size for f in files)
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=False)
+    assert "optimizer" not in best and "model" in best  # weights only: enough to translate
+
+
+def test_translate_refuses_a_missing_output_folder_and_reports_binary_lines(trained, tmp_path):
+    run, cache, _ = trained
+    best = f"{run}/checkpoints/best.pt"
+    proc = run_module("nmt.translate", [f"checkpoint={best}", f"output={tmp_path}/no/out.txt"], cache, check=False)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"Hello.\nbad \x00 byte\nok\n\xff\xfe not utf-8\n")
+    proc = run_module("nmt.translate", [f"checkpoint={best}", f"input={src}", f"output={tmp_path}/out.txt"], cache)
+    assert "2 line(s) hold NUL bytes or bytes that are not UTF-8" in proc.stderr and "lines 2, 4" in proc.stderr
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 4
+
+
+def test_wandb_offline_keeps_the_console_quiet(tmp_path, sample_dir):
+    run = tmp_path / "run"
+    args = [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=10", "wandb.mode=offline", f"hydra.run.dir={run}"]
+    e = {k: v for k, v in env(tmp_path / "cache").items() if k != "WANDB_MODE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "nmt.train", *args], cwd=REPO, env=e, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list((run / "wandb").glob("offline-run-*")), "nothing logged to wandb"
+    chatter = [x for x in (proc.stdout + proc.stderr).splitlines() if "wandb" in x.lower() and "[nmt" not in x]
+    assert chatter == [], chatter
