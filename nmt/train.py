@@ -105,10 +105,13 @@ def build_loader(
     return worker_errors(iter(loader))
 
 
-def resume_command(overrides: Sequence[str], run_dir: Path) -> str:
-    """The exact command that continues a run: its overrides, its run directory, trainer.resume=true."""
-    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("trainer.resume", "hydra.run.dir")]
-    return shlex.join(["python", "-m", "nmt.train", *keep, f"hydra.run.dir={run_dir}", "trainer.resume=true"])
+def resume_command(overrides: Sequence[str], run_dir: Path, then: str = "") -> str:
+    """The exact command that continues a run: its overrides, its run directory, trainer.resume=true,
+    and ``then`` (e.g. ``trainer.max_steps=...``, which replaces that key's override)."""
+    drop = {"trainer.resume", "hydra.run.dir", then.split("=", 1)[0]}
+    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in drop]
+    extra = [then] if then else []
+    return shlex.join(["python", "-m", "nmt.train", *keep, f"hydra.run.dir={run_dir}", "trainer.resume=true", *extra])
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:
@@ -195,7 +198,7 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     finally:
         if logger is not None:
             logger.finish()
-    return finish(result, trainer, rundir, resume_command(overrides, run_dir))
+    return finish(result, trainer, rundir, overrides)
 
 
 def stop_rule(t) -> str:
@@ -207,7 +210,7 @@ def stop_rule(t) -> str:
     return rule + "; Ctrl-C saves a checkpoint and prints how to resume"
 
 
-def finish(result: FitResult, trainer, rundir: RunDir, resume: str) -> dict:
+def finish(result: FitResult, trainer, rundir: RunDir, overrides: Sequence[str]) -> dict:
     """Say how the run ended: why, where the best model is and how to use it (or how to resume)."""
     p = trainer.progress
     if result.signum is not None:
@@ -216,7 +219,7 @@ def finish(result: FitResult, trainer, rundir: RunDir, resume: str) -> dict:
                 "interrupted at step %d: saved %s; continue with trainer.resume=true in the same run directory:\n  %s",
                 p.step,
                 result.saved,
-                resume,
+                resume_command(overrides, rundir.root),
             )
         raise SystemExit(128 + result.signum)
     if result.fault:
@@ -236,7 +239,11 @@ def finish(result: FitResult, trainer, rundir: RunDir, resume: str) -> dict:
         log.info("translate with: python -m nmt.translate checkpoint=%s input=FILE output=FILE", best)
         limit = result.reason.split()[1].split("=")[0] if result.reason.startswith("reached trainer.") else None
         if limit:
-            log.info("to train further, raise %s and resume: %s %s=...", limit, resume, limit)
+            log.info(
+                "to train further, raise %s and resume: %s",
+                limit,
+                resume_command(overrides, rundir.root, f"{limit}=..."),
+            )
     return result.last_validation
 
 

@@ -199,3 +199,12 @@ def test_wandb_offline_keeps_the_console_quiet(tmp_path, sample_dir):
     assert list((run / "wandb").glob("offline-run-*")), "nothing logged to wandb"
     chatter = [x for x in (proc.stdout + proc.stderr).splitlines() if "wandb" in x.lower() and "[nmt" not in x]
     assert chatter == [], chatter
+
+
+def test_the_resume_hint_replaces_the_limit_it_asks_to_raise():
+    from nmt.train import resume_command
+
+    cmd = resume_command(
+        ["trainer.max_steps=190", "attention=dot", "hydra.run.dir=old"], Path("runs/a"), "trainer.max_steps=..."
+    )
+    assert cmd == "python -m nmt.train attention=dot hydra.run.dir=runs/a trainer.resume=true trainer.max_steps=..."
