@@ -129,7 +129,7 @@ class CudaShim(TorchDispatchMode):
         if self.fake and not any(isinstance(a, FakeTensor) for a in leaves) and "cuda" not in str(kwargs.get("device")):
             with _disable_current_modes():  # host bookkeeping on real CPU tensors
                 return func(*args, **kwargs)
-        if func is SYNC:
+        if func is SYNC and args[0].device.type != "cpu":  # CPU values (lengths) are read for free
             self.syncs += 1
             if self.fake:
                 return True  # the value a healthy step reads: finite
@@ -147,7 +147,8 @@ class CudaShim(TorchDispatchMode):
             return h.new_empty(h.shape), h.new_empty(h.shape), gates.new_empty(gates.shape)
         out = func(*args, **kwargs)
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        self.ops.append((func, [t.dtype for t in outs], {t.device.type for t in outs + leaves}))
+        floats = {t.device.type for t in outs + leaves if t.is_floating_point()}
+        self.ops.append((func, [t.dtype for t in outs], floats))
         return out
 
     def __enter__(self):
@@ -177,8 +178,11 @@ class CudaShim(TorchDispatchMode):
         return call
 
     def float_devices(self) -> set[str]:
-        """Devices of every floating-point tensor an op produced or read."""
-        return {d for _, dtypes, devs in self.ops if any(dt.is_floating_point for dt in dtypes) for d in devs}
+        """Devices of every floating-point tensor an op read or produced."""
+        return {d for _, _, devs in self.ops for d in devs}
+
+    def ran(self, func) -> bool:
+        return any(f is func for f, _, _ in self.ops)
 
     def gemm_dtypes(self) -> collections.Counter:
         return collections.Counter(dt for f, dtypes, _ in self.ops if f in GEMMS for dt in dtypes)
@@ -230,6 +234,7 @@ def test_bf16_forward_and_loss_on_cuda(cell, order):
             loss = nll_loss(logits, tgt_out, 0.1)
     assert precision.autocast_dtype == torch.bfloat16 and not precision.scaler.is_enabled()
     assert shim.packed, "the encoder did not take the packed (cuDNN) path on CUDA"
+    assert fake or shim.ran(aten._cudnn_rnn.default), "nn.GRU/LSTM did not run cuDNN"
     assert logits.shape == (3, b.tgt_in.size(1), V) and att.shape == (3, b.tgt_in.size(1), b.src.size(1))
     assert logits.device == loss.device == CUDA
     assert loss.dtype == torch.float32 and loss.dim() == 0
@@ -290,7 +295,7 @@ def test_training_update_on_cuda(tmp_path):
                 ok = bool(torch.isfinite(norm))
                 opt.step()
             assert ok and shim.syncs == 1
-            assert aten._fused_adam_.default in {f for f, _, _ in shim.ops}
+            assert shim.ran(aten._fused_adam_.default)
             assert shim.float_devices() == {"cuda"}
             assert all(s["exp_avg"].device == CUDA for s in opt.state.values()) and len(opt.state) == len(
                 list(model.parameters())
@@ -314,7 +319,7 @@ def real_train_steps(model, precision, t, b):
     losses = []
     for _ in range(2):
         loss = trainer.train_step([b.to(CUDA)])
-        assert loss is not None and loss.device.type == "cuda"
+        assert loss is not None and loss.device == CUDA
         losses.append(float(loss))
     return losses, before
 
