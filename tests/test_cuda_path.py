@@ -12,7 +12,8 @@ records every op. They assert what a GPU run depends on and a CPU run cannot sho
 - a forward pass plus the loss, and each search step, never reads a value back to the host
   (``aten._local_scalar_dense``, which ``.item()``/``bool()``/``float()`` call, is counted);
 - the fused Adam update and gradient clipping accept CUDA parameters, with exactly the one host
-  read per step that ``Trainer.train_step`` documents (the finiteness check).
+  read per step that ``Trainer.train_step`` documents (the finiteness check); for fp16 the
+  GradScaler's unscale, fused step and scale update run with no host read at all.
 
 With ``NMT_TEST_DEVICE=cuda`` (scripts/gpu_check.sh) the same tests run on real CUDA tensors, and
 the training-step and decoding tests run the real thing: ``Trainer.train_step`` with bf16
@@ -24,8 +25,9 @@ What a CPU-only torch (2.13.0+cpu) cannot check, and why:
   leaf aborts the process (C++ ``terminate``, not a Python error):
   ``torch::autograd::InputMetadata::InputMetadata`` → ``c10::impl::getDeviceGuardImpl``:
   "PyTorch is not linked with support for cuda devices". So the fake tests run forward passes
-  with ``requires_grad=False`` parameters; ``StepLinear``'s taped autograd path, gradient dtypes
-  under autocast and ``GradScaler`` unscaling are checked on the GPU only.
+  with ``requires_grad=False`` parameters and give the optimiser zero gradients; ``StepLinear``'s
+  taped autograd path, gradient dtypes under autocast and a whole ``Trainer.train_step`` are
+  checked on the GPU only.
 - **``Module.to("cuda")``/``Tensor.to("cuda")``, hence ``Batch.to`` with ``non_blocking`` and
   pinned memory**: "PyTorch is not linked with support for cuda devices" (the copy needs the CUDA
   device guard); ``pin_memory`` needs the CUDA host allocator. Fake parameters are made directly
@@ -286,8 +288,7 @@ def test_training_update_on_cuda(tmp_path):
         model = cuda_copy(model, fake)
         precision = build_precision("bf16", CUDA, model)
         if fake:
-            for p in model.parameters():
-                p.grad = torch.empty_like(p)
+            give_grads(model)
             opt = build_optimizer(model, t)
             shim = CudaShim(fake)
             with shim:
@@ -305,6 +306,36 @@ def test_training_update_on_cuda(tmp_path):
     assert all(torch.isfinite(torch.tensor(losses)))
     changed = [not torch.equal(p0, p.detach().cpu()) for p0, p in zip(before, model.parameters())]
     assert all(changed), "some weights did not change"
+
+
+def give_grads(model: torch.nn.Module) -> None:
+    """Gradients without a backward pass (which cannot run on fake CUDA tensors)."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+
+
+def test_fp16_update_on_cuda():
+    """fp16: GradScaler's unscale, the fused Adam step it hands the inf check to, and the scale
+    update all run on the device without one host read (the fused kernel skips an inf step itself)."""
+    model, t = build(), OmegaConf.structured(TrainConfig).trainer
+    with on_cuda() as fake:
+        model = cuda_copy(model, fake)
+        patch = mock.patch("torch.cuda.is_available", lambda: True) if fake else contextlib.nullcontext()
+        with patch:  # GradScaler("cuda") turns itself off where CUDA is unavailable
+            precision = build_precision("fp16", CUDA, model)
+        give_grads(model)
+        opt, scaler = build_optimizer(model, t), precision.scaler
+        loss = torch.zeros((), device=CUDA)
+        shim = CudaShim(fake)
+        with shim:
+            scaled = scaler.scale(loss)
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+    assert scaler.is_enabled() and scaled.device == CUDA
+    for op in ("_amp_foreach_non_finite_check_and_unscale_", "_fused_adam_", "_amp_update_scale_"):
+        assert shim.ran(getattr(aten, op).default), op
+    assert shim.float_devices() == {"cuda"} and shim.syncs == 0
 
 
 def real_train_steps(model, precision, t, b):
@@ -333,3 +364,4 @@ def test_precision_choices_on_cuda():
         none = build_precision("none", CUDA, model)
     assert fp16.autocast_dtype == torch.float16 and fp16.scaler.is_enabled()
     assert none.autocast_dtype is None and not none.scaler.is_enabled()
+    assert isinstance(none.autocast(), contextlib.nullcontext)
