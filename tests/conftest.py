@@ -45,3 +45,10 @@ def trained(tmp_path_factory, sample_dir):
     args = [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=120", "trainer.valid_every=40", f"hydra.run.dir={run}"]
     proc = run_module("nmt.train", args, root / "cache")
     return run, root / "cache", proc
+
+
+def pytest_report_header(config) -> str:
+    """Says where tests/test_cuda_path.py runs, so a log shows whether a GPU was really used."""
+    if os.environ.get("NMT_TEST_DEVICE", "") == "cuda":
+        return f"CUDA path tests: real GPU (NMT_TEST_DEVICE=cuda, torch {torch.__version__}, cuda {torch.version.cuda})"
+    return "CUDA path tests: fake CUDA tensors on the CPU (NMT_TEST_DEVICE=cuda runs them on a GPU)"

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The one command to run on a lent GPU machine (NVIDIA H100, Python 3.12 with CUDA torch,
+# sentencepiece and sacrebleu, no network): checks the code paths CI can only fake
+# (tests/test_cuda_path.py says what and why), then trains model R on the real corpus for a
+# few minutes in one process and under torchrun (DDP, NCCL, world size 1) and compares their
+# throughput (target: DDP within 5%).
+#
+# Needs, in the working tree (both git-ignored, so name them in the device tool's carry):
+#   .whl/           hydra-core, omegaconf, datasets ... (bash scripts/build_device_wheels.sh)
+#   data/spa-eng/   train.tsv, valid.tsv, test.tsv (copied from ../shared/data/spa-eng)
+#
+# Usage: bash scripts/gpu_check.sh [STAGE ...]   STAGE: install env tests train ddp summary (default: all)
+# Logs go flat into $OUT (default /tmp/gpu_check), at most 8 files. TRAIN_MINUTES (default 2) sets
+# each training run's length; the whole script stays within 9 minutes at the default.
+# To try the script without a GPU: NMT_TEST_DEVICE= TRAIN_DEVICE=cpu TRAIN_MINUTES=0.2 \
+#   TRAIN_EXTRA="data.valid_max_sentences=20" PYTHON=.venv/bin/python bash scripts/gpu_check.sh tests train ddp summary
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+OUT=${OUT:-/tmp/gpu_check}
+PYTHON=${PYTHON:-python3}
+MINUTES=${TRAIN_MINUTES:-2}
+RUNS=${RUNS:-/tmp/gpu_check_runs}
+export NMT_CACHE=${NMT_CACHE:-/tmp/gpu_check_cache} # one tokenizer for both runs
+export WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
+mkdir -p "$OUT" "$RUNS"
+stages=${*:-install env tests train ddp summary}
+failed=()
+
+want() { [[ " $stages " == *" $1 "* ]]; }
+say() { echo "== $* ($(date -u +%H:%M:%S))" | tee -a "$OUT/summary.txt"; }
+# stage NAME LOG TIMEOUT_S COMMAND...: runs it with a time limit, output to the terminal and LOG
+stage() {
+    local name=$1 log=$2 limit=$3
+    shift 3
+    say "$name"
+    timeout "$limit" "$@" 2>&1 | tee "$OUT/$log"
+    local rc=${PIPESTATUS[0]}
+    [[ $rc -eq 0 ]] || { failed+=("$name (exit $rc, see $log)"); say "$name FAILED: exit $rc"; }
+}
+
+if want install; then
+    say "install .whl/ into /tmp/site"
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        failed+=("install (.whl/ is missing: run scripts/build_device_wheels.sh and carry .whl)")
+    else
+        $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+            2>&1 | tail -5 | tee -a "$OUT/summary.txt"
+    fi
+fi
+export PYTHONPATH=/tmp/site:$root
+
+if want env; then
+    say "environment"
+    {
+        date -u
+        nvidia-smi || echo "nvidia-smi failed"
+        $PYTHON -c "import torch, sys; print('python', sys.version.split()[0], '| torch', torch.__version__, \
+'| cuda', torch.version.cuda, '| cudnn', torch.backends.cudnn.version(), '| available', torch.cuda.is_available(), \
+'| device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, '| bf16', \
+torch.cuda.is_available() and torch.cuda.is_bf16_supported(), '| nccl', torch.distributed.is_nccl_available())"
+        lscpu | grep 'Model name'
+    } 2>&1 | tee "$OUT/env.txt"
+fi
+
+if want tests; then
+    # The CUDA path on the real GPU, then the quick model tests that need no corpus (on the CPU, as
+    # a check of this torch; tests/test_decoder.py is left out: minutes, nothing device-specific).
+    stage "tests" pytest.log 120 env NMT_TEST_DEVICE="${NMT_TEST_DEVICE-cuda}" $PYTHON -m pytest -q -p no:cacheprovider \
+        tests/test_cuda_path.py tests/test_attention.py tests/test_encoder.py \
+        tests/test_loop.py tests/test_loss.py
+fi
+
+if { want train || want ddp; } && [[ ! -f data/spa-eng/train.tsv ]]; then
+    failed+=("corpus: data/spa-eng/train.tsv is missing (copy ../shared/data/spa-eng/*.tsv there and carry data/spa-eng)")
+fi
+# shellcheck disable=SC2206 # TRAIN_EXTRA: extra overrides, split on spaces
+train_args=("device=${TRAIN_DEVICE:-cuda}" experiment=model_r wandb.mode=disabled "trainer.max_minutes=$MINUTES" trainer.valid_every=200
+    data.dir=data/spa-eng data.fetch=false ${TRAIN_EXTRA:-})
+limit=$(awk "BEGIN {print int(60 * $MINUTES + 75)}") # startup (tokenizer on the first run) and the final validation
+
+if want train && [[ -f data/spa-eng/train.tsv ]]; then
+    rm -rf "$RUNS/single"
+    stage "train: one process" train.log "$limit" $PYTHON -m nmt.train "${train_args[@]}" "hydra.run.dir=$RUNS/single"
+    cp "$RUNS/single/metrics.jsonl" "$OUT/metrics_single.jsonl" 2>/dev/null
+fi
+
+if want ddp && [[ -f data/spa-eng/train.tsv ]]; then
+    rm -rf "$RUNS/ddp"
+    stage "train: torchrun, 1 process (DDP, NCCL)" train_ddp.log "$limit" $PYTHON -m torch.distributed.run --standalone \
+        --nproc_per_node 1 -m nmt.train "${train_args[@]}" "hydra.run.dir=$RUNS/ddp"
+    cp "$RUNS/ddp/metrics.jsonl" "$OUT/metrics_ddp.jsonl" 2>/dev/null
+fi
+
+if want summary; then
+    say "throughput (tgt_tokens_per_s per validation window; the first window holds start-up and is left out)"
+    $PYTHON - "$OUT/metrics_single.jsonl" "$OUT/metrics_ddp.jsonl" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
+import json, sys
+from pathlib import Path
+
+def rates(path):
+    p = Path(path)
+    if not p.is_file():
+        return None
+    recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return [r["tgt_tokens_per_s"] for r in recs if "tgt_tokens_per_s" in r], recs
+
+got = {}
+for name, path in zip(("one process", "torchrun/DDP"), sys.argv[1:]):
+    r = rates(path)
+    if r is None or not r[0]:
+        print(f"{name:13s}: no metrics ({path})")
+        continue
+    xs, recs = r
+    steady = xs[1:] or xs
+    got[name] = sum(steady) / len(steady)
+    last = recs[-1]
+    print(f"{name:13s}: {got[name]:,.0f} tgt tokens/s (mean of {len(steady)} windows; all: "
+          f"{', '.join(f'{x:,.0f}' for x in xs)}) | step {last['step']} | BLEU {last['bleu']:.2f} | loss {last['loss']:.3f}")
+if len(got) == 2:
+    a, b = got["one process"], got["torchrun/DDP"]
+    ratio = b / a
+    verdict = "within 5%" if ratio >= 0.95 else "MORE than 5% slower"
+    print(f"DDP (world size 1) / one process = {ratio:.3f}: {verdict}")
+EOF
+fi
+
+if ((${#failed[@]})); then
+    say "FAILED: ${failed[*]}"
+    exit 1
+fi
+say "all stages passed: $stages"
