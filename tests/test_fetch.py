@@ -22,6 +22,7 @@ from nmt.data.fetch import (
     read_anki_zip,
     split_pairs,
 )
+from nmt.errors import CorpusError
 
 NBSP = "\u00a0"
 DECOMPOSED_CAFE = "cafe\u0301"  # "café" in NFD
@@ -172,7 +173,7 @@ def test_fetch_without_network_names_url_and_from(tmp_path: Path, monkeypatch: p
         raise urllib.error.URLError("Name or service not known")
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    with pytest.raises(RuntimeError, match="--from DIR") as info:
+    with pytest.raises(CorpusError, match="--from DIR") as info:
         fetch_spa_eng(tmp_path / "out")
     assert fetch.SPA_ENG_URL in str(info.value)
     assert not corpus_ready(tmp_path / "out")
@@ -217,7 +218,7 @@ def test_fetch_from_incomplete_source_fails(tmp_path: Path) -> None:
     source = tmp_path / "shared"
     _make_corpus(source, with_sample=False)
     (source / "test.tsv").unlink()
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CorpusError):
         fetch_spa_eng(tmp_path / "dest", source=source)
 
 
