@@ -85,6 +85,8 @@ class RunDir:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.checkpoints = self.root / "checkpoints"
+        self.last = self.checkpoints / "last.pt"
+        self.best = self.checkpoints / "best.pt"
         self.metrics = self.root / "metrics.jsonl"
         self.log = self.root / "train.log"
         self.attention = self.root / "attention"
@@ -121,9 +123,8 @@ class RunDir:
 
     def _candidates(self) -> list[Path]:
         """The checkpoints to resume from, in order of preference: last.pt, then step_N.pt newest first."""
-        last = self.checkpoints / "last.pt"
         newest_steps = [p for _, p in reversed(self.step_checkpoints())]
-        return [last, *newest_steps] if last.is_file() else newest_steps
+        return [self.last, *newest_steps] if self.last.is_file() else newest_steps
 
     def is_resumable(self) -> bool:
         """Whether a checkpoint to resume from exists (cheap: nothing is loaded, so it may be damaged)."""

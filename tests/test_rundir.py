@@ -36,6 +36,7 @@ def test_paths_are_under_the_root_and_nothing_is_created(tmp_path):
     run = RunDir(tmp_path / "run")
     assert run.checkpoints == tmp_path / "run" / "checkpoints"
     assert (run.metrics.name, run.log.name, run.attention.name) == ("metrics.jsonl", "train.log", "attention")
+    assert (run.last, run.best) == (run.checkpoints / "last.pt", run.checkpoints / "best.pt")
     assert run.step_checkpoints() == [] and not run.is_resumable() and run.resumable() is None
     assert not (tmp_path / "run").exists()
 
