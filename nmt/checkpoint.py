@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from nmt import rundir  # as a module: nmt.rundir imports this one too
 from nmt.errors import CheckpointError
+from nmt.rundir import atomic_write
 
 FORMAT = "nmt-checkpoint"
 VERSION = 1
@@ -25,9 +25,9 @@ REQUIRED = ("format", "version", *TRANSLATE_KEYS)
 
 
 def save(path: str | Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` (with the format marker and version) to ``path`` atomically (``rundir.atomic_write``)."""
+    """Write ``payload`` (with the format marker and version) to ``path`` atomically (``nmt.rundir.atomic_write``)."""
     payload = {"format": FORMAT, "version": VERSION, **payload}
-    rundir.atomic_write(path, lambda f: torch.save(payload, f))
+    atomic_write(path, lambda f: torch.save(payload, f))
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from nmt import checkpoint
 from nmt.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -102,6 +101,8 @@ class RunDir:
 
     def write_checkpoint(self, name: str, state: dict[str, Any]) -> Path:
         """Write ``checkpoints/NAME`` atomically (``checkpoint.save``); returns its path."""
+        from nmt import checkpoint  # lazy, as below: torch, which fetch and the tokenizer cache never need
+
         path = self.checkpoints / name
         checkpoint.save(path, state)
         return path
@@ -133,6 +134,8 @@ class RunDir:
     def resumable(self, map_location: Any = "cpu") -> tuple[Path, dict] | None:
         """The newest loadable checkpoint of the run and its contents: last.pt, else the step_N.pt
         files, newest first. A damaged file is skipped with a warning; None when none loads."""
+        from nmt import checkpoint
+
         for path in self._candidates():
             try:
                 return path, checkpoint.load(path, map_location=map_location)
@@ -152,7 +155,7 @@ class RunDir:
 
     def overrides(self) -> list[str]:
         """The command-line overrides the run was started with (Hydra's ``.hydra/overrides.yaml``), or []."""
-        from omegaconf import OmegaConf  # lazy: the trainer loads it anyway, `nmt.data.fetch` need not
+        from omegaconf import OmegaConf
 
         f = self.root / ".hydra" / "overrides.yaml"
         if not f.is_file():

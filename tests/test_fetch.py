@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import unicodedata
 import urllib.error
 import urllib.request
@@ -254,3 +256,13 @@ def test_cli_copies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert len(out) == 1
     assert str(source) in out[0] and "train 2" in out[0]
     assert corpus_ready(dest)
+
+
+def test_fetching_loads_no_torch() -> None:
+    """The corpus command starts in a fraction of a second: the shared atomic writer does not pull in torch."""
+    code = "import sys, nmt.data.fetch, nmt.data.tokenizer; print('torch' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
