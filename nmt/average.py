@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 import hydra
 import torch
@@ -19,6 +18,7 @@ from omegaconf import DictConfig
 from nmt import checkpoint
 from nmt.config import register_configs
 from nmt.errors import ConfigError, NmtError
+from nmt.rundir import RunDir
 
 log = logging.getLogger("nmt.average")
 register_configs()
@@ -45,17 +45,18 @@ def average(paths: list[str]) -> dict:
 
 
 def newest(run_dir: str, n: int) -> list[str]:
-    found = sorted(Path(run_dir, "checkpoints").glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    """The paths of the run's newest ``n`` step_N.pt checkpoints, oldest first."""
+    found = RunDir(run_dir).step_checkpoints()
     if not found:
         raise ConfigError(f"{run_dir}/checkpoints has no step_N.pt files (trainer.keep_last keeps them)")
-    return [str(p) for p in found[-n:]]
+    return [str(p) for _, p in found[-n:]]
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="average")
 def main(cfg: DictConfig) -> None:
     try:
         paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])
-        checkpoint.save(cfg.output, average(paths))
+        checkpoint.save(cfg.output, average(paths))  # atomic, as every checkpoint
         log.info("averaged %d checkpoints into %s: %s", len(paths), cfg.output, ", ".join(paths))
     except NmtError as e:
         log.error("%s", e)

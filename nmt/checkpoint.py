@@ -1,16 +1,14 @@
 """One self-contained checkpoint file: enough to translate, and enough to resume training.
 
 Contents: model weights, optimiser, scheduler, step/epoch/stream position, RNG states,
-early-stopping state, the sentencepiece model(s) and the resolved config. Files are
-written atomically (temp file, fsync, rename), so a kill at any moment leaves the
-previous checkpoint loadable.
+early-stopping state, the sentencepiece model(s) and the resolved config (``best.pt`` keeps
+only what translating needs: ``weights_only``). Files are written atomically
+(``nmt.rundir.atomic_write``), so a kill at any moment leaves the previous checkpoint loadable.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -18,32 +16,18 @@ from typing import Any
 import torch
 
 from nmt.errors import CheckpointError
+from nmt.rundir import atomic_write
 
 FORMAT = "nmt-checkpoint"
 VERSION = 1
-REQUIRED = ("format", "version", "model", "tokenizer", "config")
+TRANSLATE_KEYS = ("model", "tokenizer", "config")  # enough to rebuild the model and translate
+REQUIRED = ("format", "version", *TRANSLATE_KEYS)
 
 
 def save(path: str | Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` atomically to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``payload`` (with the format marker and version) to ``path`` atomically (``nmt.rundir.atomic_write``)."""
     payload = {"format": FORMAT, "version": VERSION, **payload}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    atomic_write(path, lambda f: torch.save(payload, f))
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -78,6 +62,14 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     return ckpt
 
 
-def weights_only(state: dict) -> dict:
-    """TEMPORARY"""
-    return {k: state[k] for k in ("model", "tokenizer", "config", "progress") if k in state}
+def weights_only(state: dict[str, Any]) -> dict[str, Any]:
+    """The part of a training ``state`` that translating needs: model weights, tokenizer and config
+    (``REQUIRED``), plus ``progress`` (step, epoch, best BLEU) when present, so a report can say where the
+    weights come from. No optimiser, scheduler, scaler or RNG states: ``best.pt`` is written with it
+    at about a third of a full checkpoint's size (Adam keeps two moments per weight), and
+    ``nmt.translate``/``nmt.evaluate``/``nmt.average`` load it as they load a full one. It cannot be
+    resumed from (``Trainer`` needs the optimiser), which is why ``RunDir.resumable`` never offers it."""
+    missing = [k for k in TRANSLATE_KEYS if k not in state]
+    if missing:
+        raise KeyError(f"weights_only: the state lacks {', '.join(missing)}")
+    return {k: state[k] for k in (*TRANSLATE_KEYS, "progress") if k in state}

@@ -1,70 +1,195 @@
-"""TEMPORARY stand-in (replaced by the rundir branch)."""
+"""Everything about a run directory: where its files live, which checkpoint to resume from, and how a
+file is written so that a kill at any moment leaves the previous version whole.
+
+One module for this, as fairseq keeps everything about checkpoint files in ``checkpoint_utils``: the
+trainer, resume discovery, ``nmt.average`` and the reports ask a ``RunDir`` instead of globbing
+``step_N.pt`` themselves, and every file the toolkit must never leave half-written (checkpoints, the
+sentencepiece cache, the fetched corpus) goes through :func:`atomic_write`.
+
+A run directory (Hydra's ``outputs/DATE/TIME/``, or ``hydra.run.dir``)::
+
+    .hydra/overrides.yaml   the command line's overrides (written by Hydra)
+    train.log               the log
+    metrics.jsonl           one JSON object per logged step and validation
+    attention/              attention heatmaps
+    checkpoints/last.pt     everything, to resume
+    checkpoints/best.pt     weights only, to translate
+    checkpoints/step_N.pt   the newest ``trainer.keep_last``, to resume from or to average
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
-from nmt import checkpoint
-from nmt.errors import CheckpointError
+from nmt.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
+_STEP_FILE = re.compile(r"step_(\d+)\.pt")
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Create or replace ``path`` with what ``write(file)`` writes, all or nothing; returns ``path``.
+
+    The bytes go to a temporary file with a unique name in the same folder (so parallel jobs writing
+    the same file never share one), are fsynced, and the temporary file is renamed over ``path``
+    (atomic on POSIX), then the folder is fsynced so the rename survives a power loss. A reader, or a
+    kill at any moment, sees the old file or the new one, never a half one; on any failure the
+    temporary file is removed and the error raised. The file gets the usual permissions from the
+    umask (``open``, not ``mkstemp``, whose files are private)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with tmp.open("xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # folders cannot be opened on some platforms (Windows): the rename is all we get
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def step_name(step: int) -> str:
+    """The file name of the checkpoint of step ``step`` (``step_N.pt``)."""
+    return f"step_{step}.pt"
+
 
 class RunDir:
-    def __init__(self, root):
+    """The files of one training run under ``root`` (see the module docstring for the layout).
+
+    Nothing is created or read when constructed: a RunDir of a folder that does not exist yet is fine.
+    """
+
+    def __init__(self, root: str | Path):
         self.root = Path(root)
         self.checkpoints = self.root / "checkpoints"
+        self.last = self.checkpoints / "last.pt"
+        self.best = self.checkpoints / "best.pt"
         self.metrics = self.root / "metrics.jsonl"
         self.log = self.root / "train.log"
         self.attention = self.root / "attention"
 
-    def write_checkpoint(self, name, state):
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunDir) and self.root == other.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    def write_checkpoint(self, name: str, state: dict[str, Any]) -> Path:
+        """Write ``checkpoints/NAME`` atomically (``checkpoint.save``); returns its path."""
+        from nmt import checkpoint  # lazy, as below: torch, which fetch and the tokenizer cache never need
+
         path = self.checkpoints / name
         checkpoint.save(path, state)
         return path
 
-    def step_checkpoints(self):
-        return sorted((int(p.stem.split("_")[1]), p) for p in self.checkpoints.glob("step_*.pt"))
+    def step_checkpoints(self) -> list[tuple[int, Path]]:
+        """``[(step, path)]`` of the ``step_N.pt`` files, oldest step first (step_2 before step_10)."""
+        if not self.checkpoints.is_dir():
+            return []
+        found = ((_STEP_FILE.fullmatch(p.name), p) for p in self.checkpoints.iterdir())
+        return sorted((int(m.group(1)), p) for m, p in found if m and p.is_file())
 
-    def prune(self, keep_last):
-        for _, p in self.step_checkpoints()[:-keep_last]:
-            p.unlink(missing_ok=True)
+    def prune(self, keep_last: int) -> list[Path]:
+        """Delete all ``step_N.pt`` files but the newest ``keep_last``; returns the deleted paths."""
+        steps = self.step_checkpoints()
+        old = [p for _, p in steps[: max(0, len(steps) - keep_last)]]
+        for p in old:
+            p.unlink(missing_ok=True)  # another process may have pruned it already
+        return old
 
-    def is_resumable(self):
-        return (self.checkpoints / "last.pt").is_file() or bool(self.step_checkpoints())
+    def _candidates(self) -> list[Path]:
+        """The checkpoints to resume from, in order of preference: last.pt, then step_N.pt newest first."""
+        newest_steps = [p for _, p in reversed(self.step_checkpoints())]
+        return [self.last, *newest_steps] if self.last.is_file() else newest_steps
 
-    def resumable(self, map_location="cpu"):
-        for path in [self.checkpoints / "last.pt"] + [p for _, p in reversed(self.step_checkpoints())]:
-            if not path.is_file():
-                continue
+    def is_resumable(self) -> bool:
+        """Whether a checkpoint to resume from exists (cheap: nothing is loaded, so it may be damaged)."""
+        return bool(self._candidates())
+
+    def resumable(self, map_location: Any = "cpu") -> tuple[Path, dict] | None:
+        """The newest loadable checkpoint of the run and its contents: last.pt, else the step_N.pt
+        files, newest first. A damaged file is skipped with a warning; None when none loads."""
+        from nmt import checkpoint
+
+        for path in self._candidates():
             try:
                 return path, checkpoint.load(path, map_location=map_location)
             except CheckpointError as e:
                 log.warning("%s; falling back to an older checkpoint", e)
         return None
 
-    def overrides(self):
+    def newest_mtime(self) -> float:
+        """Modification time of the newest checkpoint to resume from (0 without one)."""
+        times = []
+        for p in self._candidates():
+            try:
+                times.append(p.stat().st_mtime)
+            except OSError:  # removed meanwhile (pruned by a running job)
+                pass
+        return max(times, default=0.0)
+
+    def overrides(self) -> list[str]:
+        """The command-line overrides the run was started with (Hydra's ``.hydra/overrides.yaml``), or []."""
         from omegaconf import OmegaConf
 
         f = self.root / ".hydra" / "overrides.yaml"
-        return list(OmegaConf.load(f)) if f.is_file() else []
+        if not f.is_file():
+            return []
+        try:
+            found = OmegaConf.to_container(OmegaConf.load(f))
+        except Exception as e:  # yaml's and OmegaConf's errors share no base class
+            raise ConfigError(f"{f}: not readable as Hydra's list of overrides ({str(e).splitlines()[0]})") from e
+        if not isinstance(found, list):
+            raise ConfigError(f"{f}: expected Hydra's list of overrides, found a {type(found).__name__}")
+        return [str(o) for o in found]
 
 
-def discover_runs(base):
+def discover_runs(base: str | Path) -> list[RunDir]:
+    """Every run directory at any depth under ``base`` (e.g. ``outputs/DATE/TIME/``, or a sweep's
+    ``multirun/DATE/TIME/N/``) with a checkpoint to resume from, newest checkpoint first."""
     base = Path(base)
     if not base.is_dir():
         return []
-    runs = {RunDir(c.parent) for c in base.rglob("checkpoints") if c.is_dir()}
-    runs = [r for r in runs if r.is_resumable()]
-    return sorted(runs, key=lambda r: max(p.stat().st_mtime for p in r.checkpoints.iterdir()), reverse=True)
+    runs = [RunDir(c.parent) for c in base.rglob("checkpoints") if c.is_dir()]
+    stamped = [(r.newest_mtime(), r) for r in runs if r.is_resumable()]
+    return [r for _, r in sorted(stamped, key=lambda tr: tr[0], reverse=True)]
 
 
-def disk_usage(path):
+def disk_usage(path: str | Path) -> int:
+    """Bytes the files under ``path`` (or the file ``path``) occupy on disk, like ``du``: allocated
+    blocks, a file with several hard links counted once, symbolic links not followed."""
+    path = Path(path)
+    files = [path] if path.is_file() else list(path.rglob("*"))
     seen, total = set(), 0
-    for p in Path(path).rglob("*"):
-        st = p.stat()
-        if p.is_file() and (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
-            total += st.st_blocks * 512
+    for p in files:
+        st = p.lstat()
+        if p.is_symlink() or not p.is_file() or (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        total += st.st_blocks * 512
     return total

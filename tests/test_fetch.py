@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import unicodedata
 import urllib.error
 import urllib.request
@@ -22,6 +24,7 @@ from nmt.data.fetch import (
     read_anki_zip,
     split_pairs,
 )
+from nmt.errors import CorpusError
 
 NBSP = "\u00a0"
 DECOMPOSED_CAFE = "cafe\u0301"  # "café" in NFD
@@ -172,7 +175,7 @@ def test_fetch_without_network_names_url_and_from(tmp_path: Path, monkeypatch: p
         raise urllib.error.URLError("Name or service not known")
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    with pytest.raises(RuntimeError, match="--from DIR") as info:
+    with pytest.raises(CorpusError, match="--from DIR") as info:
         fetch_spa_eng(tmp_path / "out")
     assert fetch.SPA_ENG_URL in str(info.value)
     assert not corpus_ready(tmp_path / "out")
@@ -217,7 +220,7 @@ def test_fetch_from_incomplete_source_fails(tmp_path: Path) -> None:
     source = tmp_path / "shared"
     _make_corpus(source, with_sample=False)
     (source / "test.tsv").unlink()
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CorpusError):
         fetch_spa_eng(tmp_path / "dest", source=source)
 
 
@@ -253,3 +256,13 @@ def test_cli_copies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert len(out) == 1
     assert str(source) in out[0] and "train 2" in out[0]
     assert corpus_ready(dest)
+
+
+def test_fetching_loads_no_torch() -> None:
+    """The corpus command starts in a fraction of a second: the shared atomic writer does not pull in torch."""
+    code = "import sys, nmt.data.fetch, nmt.data.tokenizer; print('torch' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from helpers import tokenizer_cfg
@@ -35,3 +38,27 @@ def test_roundtrip_and_serialisation(sample_dir, tmp_path, model_type, joint):
     text = "¿Dónde está la estación?"
     ids = again.encode_tgt([text])[0]
     assert ids and again.decode_tgt([ids])[0] == text
+
+
+def test_two_jobs_writing_the_same_cache_at_once_both_get_a_loadable_model(sample_dir, tmp_path, monkeypatch):
+    """Sweep jobs started together train the same tokenizer and write the same cache files at the same
+    moment (a barrier lines their writes up, many times over): neither may fail or leave a half file."""
+    spec = CorpusSpec(str(sample_dir / "train.tsv"))
+    reference = build_tokenizer(tokenizer_cfg(tmp_path / "reference", joint=False), spec)
+    barrier = threading.Barrier(2)
+
+    def trained_at_once(lines, prefix, *args):
+        barrier.wait(timeout=30)  # both jobs have trained: now both write
+        return reference.src_proto if prefix.name == "src" else reference.tgt_proto
+
+    monkeypatch.setattr(tokmod, "_train_one", trained_at_once)
+    for round_ in range(25):
+        cfg = tokenizer_cfg(tmp_path / f"cache{round_}", joint=False)
+        with ThreadPoolExecutor(2) as pool:
+            jobs = [pool.submit(build_tokenizer, cfg, spec) for _ in range(2)]
+            got = [job.result(timeout=60) for job in jobs]
+        assert all(t.src_proto == reference.src_proto and t.tgt_proto == reference.tgt_proto for t in got)
+        (folder,) = (tmp_path / f"cache{round_}").iterdir()
+        assert sorted(p.name for p in folder.iterdir()) == ["settings.json", "src.model", "tgt.model"]
+        cached = Tokenizer((folder / "src.model").read_bytes(), (folder / "tgt.model").read_bytes())
+        assert cached.encode_src(["Hello."]) == reference.encode_src(["Hello."])

@@ -17,6 +17,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from nmt.errors import ConfigError
+from nmt.rundir import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +155,12 @@ def train_or_load(
         else:
             src_proto = _train_one(srcs, Path(tmp) / "src", model_type, vocab_size, character_coverage)
             tgt_proto = _train_one(tgts, Path(tmp) / "tgt", model_type, vocab_size, character_coverage)
-        # Write-then-rename: a crash mid-write never leaves a half model that later runs would trust.
+        # Atomic, with unique temp names: a crash never leaves a half model that later runs would trust,
+        # and parallel jobs (a sweep) training the same tokenizer at once each replace the file whole.
+        # src.model last, as the cache test above reads it as "complete".
         for proto, dest in ((tgt_proto, tgt_file), (src_proto, src_file)):
             if proto is not None:
-                part = dest.with_suffix(".part")
-                part.write_bytes(proto)
-                os.replace(part, dest)
-    (root / "settings.json").write_text(json.dumps({"corpus": corpus_id, **settings}, indent=1))
+                atomic_write(dest, lambda f, proto=proto: f.write(proto))
+    settings_json = json.dumps({"corpus": corpus_id, **settings}, indent=1).encode()
+    atomic_write(root / "settings.json", lambda f: f.write(settings_json))
     return Tokenizer(src_proto, tgt_proto)
