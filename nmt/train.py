@@ -224,7 +224,7 @@ def finish(result: FitResult, trainer, rundir: RunDir, overrides: Sequence[str])
         raise SystemExit(128 + result.signum)
     if result.fault:
         raise NmtError(
-            f"stopped at step {p.step}: {result.reason}; {rundir.checkpoints / 'last.pt'} holds the weights from "
+            f"stopped at step {p.step}: {result.reason}; {rundir.last} holds the weights from "
             "before the fault (try a lower trainer.lr, or check the data)"
         )
     if trainer.saver.failed:
@@ -234,7 +234,7 @@ def finish(result: FitResult, trainer, rundir: RunDir, overrides: Sequence[str])
         )
     log.info("stopping: %s", result.reason)
     if trainer.dist.is_main and p.best_bleu >= 0:
-        best = rundir.checkpoints / "best.pt"
+        best = rundir.best
         log.info("best valid BLEU %.2f at step %d: %s", p.best_bleu, p.best_step, best)
         log.info("translate with: python -m nmt.translate checkpoint=%s input=FILE output=FILE", best)
         limit = result.reason.split()[1].split("=")[0] if result.reason.startswith("reached trainer.") else None

@@ -33,7 +33,7 @@ from nmt.heartbeat import clock, heartbeat
 from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq, nll_loss
 from nmt.plots import heatmap
-from nmt.rundir import RunDir
+from nmt.rundir import RunDir, step_name
 from nmt.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class CheckpointSaver:
         if best:
             files.append(("best.pt", checkpoint.weights_only(state)))
         if step is not None and self.keep_last > 0:
-            files.append((f"step_{step}.pt", state))
+            files.append((step_name(step), state))
         written = None
         for name, payload in files:
             try:
