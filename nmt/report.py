@@ -17,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.plots import grid
+from nmt.rundir import RunDir
 from nmt.runtime import load_model
 from nmt.search import SearchOptions
 from nmt.translator import Translator
@@ -39,8 +40,7 @@ def collect(sweep: Path) -> tuple[list[dict], list[tuple[Path, str]]]:
     jobs, skipped = [], []
     for cfg_file in sorted(sweep.rglob(".hydra/config.yaml")):
         job = cfg_file.parent.parent
-        metrics = job / "metrics.jsonl"
-        best = job / "checkpoints" / "best.pt"
+        metrics, best = RunDir(job).metrics, RunDir(job).best
         records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.is_file() else []
         if not records:
             skipped.append((job, "no validation in metrics.jsonl yet (unfinished or failed?)"))
