@@ -12,11 +12,11 @@ import logging
 import sys
 from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig
 
 from nmt import checkpoint
+from nmt.cli import command
 from nmt.config import register_configs
 from nmt.errors import ConfigError, NmtError
 
@@ -51,7 +51,7 @@ def newest(run_dir: str, n: int) -> list[str]:
     return [str(p) for p in found[-n:]]
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="average")
+@command("average")
 def main(cfg: DictConfig) -> None:
     try:
         paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])
