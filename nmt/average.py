@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import sys
 
-import hydra
 import torch
 from omegaconf import DictConfig
 
 from nmt import checkpoint
+from nmt.cli import command
 from nmt.config import register_configs
 from nmt.errors import ConfigError, NmtError
 from nmt.rundir import RunDir
@@ -52,7 +52,7 @@ def newest(run_dir: str, n: int) -> list[str]:
     return [str(p) for _, p in found[-n:]]
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="average")
+@command("average")
 def main(cfg: DictConfig) -> None:
     try:
         paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])

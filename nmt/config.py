@@ -8,18 +8,24 @@ Only the entry points (``nmt.train``, ``nmt.translate``) see these objects; the
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import inspect
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from nmt.errors import ConfigError
 
 
 @dataclass
 class DataConfig:
     # "tsv": local files ``{dir}/{train,valid,test}``; "hub": a Hugging Face dataset.
     source: str = "tsv"
-    dir: str = "data/spa-eng"
+    dir: str = "data/spa-eng"  # the corpus folder (source=tsv)
     train: str = "train.tsv"
     valid: str = "valid.tsv"
     test: str = "test.tsv"
@@ -86,7 +92,7 @@ class DecoderConfig:
     order: str = "bahdanau"  # bahdanau (attend, then RNN) | luong (RNN, then attend)
     cell: str = "${encoder.cell}"
     emb_size: int = 256
-    hidden_size: int = 512
+    hidden_size: int = 512  # the decoder RNN's state size
     layers: int = 1
     dropout: float = 0.2
     input_feeding: bool = True  # luong order only: feed the last attentional vector to the RNN
@@ -109,7 +115,7 @@ class TrainerConfig:
     max_epochs: int = 0  # 0 = no limit
     max_minutes: float = 0.0  # wall-clock budget, 0 = no limit
     optimizer: str = "adam"  # adam | adamw
-    lr: float = 1e-3
+    lr: float = 1e-3  # peak learning rate
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     # constant | warmup_decay (linear warmup, then inverse square root) | plateau (halve on no BLEU gain)
@@ -136,7 +142,7 @@ class TrainerConfig:
     checkpoint_minutes: float = 5.0
     log_every: int = 100  # a progress line every this many steps ...
     log_seconds: float = 30.0  # ... and at least every this many seconds
-    resume: bool = False
+    resume: bool = False  # continue from last.pt of hydra.run.dir (without it: the newest run of this command)
     # Keys that may differ from the checkpoint's config on resume (besides limits, device, logging).
     allow_changes: list[str] = field(default_factory=list)
     # step_N.pt checkpoints kept besides last.pt (everything, to resume) and best.pt (weights only, to translate);
@@ -160,16 +166,16 @@ class TrainConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 1234
-    name: str = "nmt"
+    name: str = "nmt"  # the run's name (wandb, reports)
 
 
 @dataclass
 class DecodeConfig:
     """Search settings shared by nmt.translate and nmt.evaluate (see nmt.search for the formulas)."""
 
-    checkpoint: str = MISSING
+    checkpoint: str = MISSING  # a trained model: RUN_DIR/checkpoints/best.pt (or last.pt, or nmt.average's output)
     ensemble: list[str] = field(default_factory=list)  # more checkpoints to decode with, averaging p(y)
-    beam_size: int = 5  # 1 = greedy
+    beam_size: int = 5  # beam width (1 = greedy search)
     n_best: int = 1  # translate: print this many hypotheses per line (with scores) when > 1
     length_penalty: float = 1.0  # GNMT alpha; 0 = raw log-probability
     coverage_penalty: float = 0.0  # GNMT beta; 0 = off
@@ -177,8 +183,8 @@ class DecodeConfig:
     min_len_ratio: float = 0.0  # no EOS before min_len_ratio * source length pieces
     no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)
     max_input_len: int = 256  # source pieces kept per line; longer lines are truncated with a warning
-    device: str = "auto"
-    threads: int = 0
+    device: str = "auto"  # auto (CUDA when present) | cpu | cuda | cuda:N
+    threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
 
 
 @dataclass
@@ -204,16 +210,16 @@ class EvaluateConfig(DecodeConfig):
 @dataclass
 class ServeConfig(DecodeConfig):
     host: str = "127.0.0.1"  # loopback: reachable from this machine only
-    port: int = 8000
+    port: int = 8000  # the TCP port to listen on
     max_chars: int = 500  # longer requests are refused (HTTP 413)
 
 
 @dataclass
 class AverageConfig:
-    output: str = MISSING
-    checkpoints: list[str] = field(default_factory=list)  # the files to average, or:
+    output: str = MISSING  # the averaged checkpoint to write (weights only: for translating, not resuming)
+    checkpoints: list[str] = field(default_factory=list)  # the files to average (or give run_dir)
     run_dir: str | None = None  # average the newest `last` step_N.pt checkpoints of this run
-    last: int = 5
+    last: int = 5  # how many of run_dir's newest step_N.pt checkpoints
 
 
 def job_dirname(override_dirname: str, limit: int = 150) -> str:
@@ -241,3 +247,177 @@ def to_plain(cfg: Any) -> dict:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+
+
+# The allowed values of every choice key, declared once (the modules that act on a key check it again
+# as a second line of defence). attention.name/score come from the registry nmt.models.attention.ATTENTIONS.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.source": ("tsv", "hub"),
+    "tokenizer.model_type": ("unigram", "bpe"),
+    "encoder.cell": ("gru", "lstm"),
+    "decoder.cell": ("gru", "lstm"),
+    "decoder.order": ("bahdanau", "luong"),
+    "trainer.optimizer": ("adam", "adamw"),
+    "trainer.scheduler": ("constant", "warmup_decay", "plateau"),
+    "trainer.amp": ("none", "bf16", "fp16"),
+    "wandb.mode": ("auto", "online", "offline", "disabled"),
+}
+
+
+def allowed(key: str) -> tuple[str, ...]:
+    """The values a choice key takes (``()`` for a free key); attention names are read from the registry."""
+    if key in ("attention.name", "attention.score"):
+        from nmt.models.attention import ATTENTIONS
+        from nmt.models.attention.local import LocalAttention
+
+        if key == "attention.name":
+            return tuple(sorted(ATTENTIONS))
+        return tuple(sorted(k for k, c in ATTENTIONS.items() if c.parallel and not issubclass(c, LocalAttention)))
+    return CHOICES.get(key, ())
+
+
+def _choice_problems(cfg: Any) -> list[str]:
+    from omegaconf import OmegaConf
+
+    problems = []
+    for key in (*CHOICES, "attention.name"):
+        section, _, name = key.rpartition(".")
+        node = OmegaConf.select(cfg, section)
+        if node is None or name not in node or OmegaConf.is_interpolation(node, name):
+            continue  # not this command's key, or an echo of another (decoder.cell = ${encoder.cell})
+        if problem := bad_choice(key, node[name]):
+            problems.append(problem)
+    return problems
+
+
+def bad_choice(key: str, value: Any) -> str | None:
+    """The one-line complaint about a value outside a choice key's table, or None when it is allowed."""
+    if value in allowed(key):
+        return None
+    return f"{key}={value!r} is unknown; choose one of {', '.join(allowed(key))}"
+
+
+def _device_problems(cfg: Any) -> list[str]:
+    if "device" not in cfg or cfg.device == "auto":
+        return []
+    import torch
+
+    try:
+        torch.device(cfg.device)
+    except RuntimeError:
+        return [f"device={cfg.device!r} is not a device; choose auto, cpu, cuda or cuda:N"]
+    return []
+
+
+def _train_problems(cfg: Any) -> list[str]:
+    """Combinations that today fail only after the corpus, sentencepiece and the model are built."""
+    problems = []
+    a, enc, dec = cfg.attention, cfg.encoder, cfg.decoder
+    if cfg.trainer.accum_steps < 1:
+        problems.append(f"trainer.accum_steps={cfg.trainer.accum_steps}: expected an integer >= 1")
+    if cfg.data.num_workers not in (0, 1):
+        problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
+    if cfg.data.source == "hub" and not cfg.data.hub_path:
+        problems.append("data.source=hub needs data.hub_path (e.g. Helsinki-NLP/opus-100)")
+    if a.name == "dot" and dec.hidden_size != 2 * enc.hidden_size:
+        problems.append(
+            f"attention=dot needs decoder.hidden_size ({dec.hidden_size}) == 2 * encoder.hidden_size "
+            f"({2 * enc.hidden_size}); use attention=general, which learns the mapping"
+        )
+    if a.name in ("local_m", "local_p"):
+        if a.window < 1:
+            problems.append(f"attention.window must be >= 1, got {a.window}")
+        if a.score not in allowed("attention.score"):
+            problems.append(
+                f"attention.score={a.score!r} cannot score local attention; choose one of "
+                f"{', '.join(allowed('attention.score'))}"
+            )
+    if a.name == "multihead" and (a.heads < 1 or (a.dim or dec.hidden_size) % a.heads):
+        width = a.dim or dec.hidden_size
+        problems.append(f"attention.heads={a.heads} must divide the scoring width attention.dim={width}")
+    return problems
+
+
+def _decode_problems(cfg: Any) -> list[str]:
+    problems = []
+    if cfg.beam_size < 1:
+        problems.append(f"beam_size={cfg.beam_size}: expected an integer >= 1 (1 = greedy)")
+    if cfg.n_best < 1 or cfg.n_best > max(cfg.beam_size, 1):
+        problems.append(f"n_best={cfg.n_best} needs 1 <= n_best <= beam_size (got beam_size={cfg.beam_size})")
+    if cfg.get("batch_size", 1) < 1:
+        problems.append(f"batch_size={cfg.batch_size}: expected an integer >= 1")
+    return problems
+
+
+def _average_problems(cfg: Any) -> list[str]:
+    problems = []
+    if not cfg.checkpoints and not cfg.run_dir:
+        problems.append("nothing to average: give checkpoints=[A,B,...] or run_dir=DIR")
+    if cfg.run_dir and cfg.last < 1:
+        problems.append(f"last={cfg.last}: expected an integer >= 1")
+    return problems
+
+
+_COMMAND_PROBLEMS = {
+    "train": _train_problems,
+    "translate": _decode_problems,
+    "evaluate": _decode_problems,
+    "serve": _decode_problems,
+    "average": _average_problems,
+}
+
+
+def validate(cfg: Any, command: str) -> None:
+    """Check a composed config in full, in one pass, before any work: every choice key against its allowed
+    values, the device, and the command's cheap structural rules. Raises one ConfigError, one line per
+    bad key (each naming the key and what it must be)."""
+    problems = _choice_problems(cfg) + _device_problems(cfg) + _COMMAND_PROBLEMS[command](cfg)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def schema_keys(schema: type, prefix: str = "") -> list[str]:
+    """Every dotted key of a schema, sections included (``trainer``, ``trainer.max_steps``, ...)."""
+    keys = []
+    for f in dataclasses.fields(schema):
+        keys.append(prefix + f.name)
+        if dataclasses.is_dataclass(f.default_factory):
+            keys += schema_keys(f.default_factory, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+    return keys
+
+
+def did_you_mean(word: str, candidates: list[str]) -> str | None:
+    """The closest candidate (a full dotted key when ``word`` is only its last part), or None."""
+    by_leaf = [c for c in candidates if c.rpartition(".")[2] == word]
+    close = by_leaf or difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+@cache
+def _comments(schema: type) -> dict[str, str]:
+    """The comments written above a field and at the end of its line, in this file, joined."""
+    out: dict[str, str] = {}
+    above: list[str] = []
+    for line in inspect.getsource(schema).splitlines()[1:]:
+        text = line.strip()
+        if text.startswith("#"):
+            above.append(text.lstrip("# "))
+        elif ":" in text and text.split(":")[0].isidentifier() and not text.startswith(('"""', "def ")):
+            code, _, end = text.partition("  # ")
+            out[code.split(":")[0]] = " ".join([*above, end]).strip()
+            above = []
+        else:
+            above = []
+    return out
+
+
+def field_help(schema: type, prefix: str = "") -> dict[str, str]:
+    """Each dotted key's meaning, read from the schema's own comments (those above a field and at the
+    end of its line), so ``--help`` says what this file says without a second copy to keep in step."""
+    docs: dict[str, str] = {}
+    for cls in reversed([c for c in schema.__mro__ if dataclasses.is_dataclass(c)]):
+        docs.update({prefix + k: v for k, v in _comments(cls).items()})
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(f.default_factory):
+            docs.update(field_help(f.default_factory, f"{prefix}{f.name}."))  # type: ignore[arg-type]
+    return docs

@@ -14,10 +14,10 @@ import logging
 import sys
 from pathlib import Path
 
-import hydra
 import sacrebleu
 from omegaconf import DictConfig, OmegaConf
 
+from nmt.cli import command
 from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.errors import NmtError
@@ -118,7 +118,7 @@ def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
+@command("evaluate")
 def main(cfg: DictConfig) -> None:
     try:
         check_outputs(cfg.hypotheses, cfg.json)

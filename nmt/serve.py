@@ -13,10 +13,10 @@ import logging
 import sys
 from importlib import resources
 
-import hydra
 from flask import Flask, Response, jsonify, request
 from omegaconf import DictConfig
 
+from nmt.cli import command
 from nmt.config import register_configs
 from nmt.errors import NmtError
 from nmt.runtime import load_translator
@@ -59,7 +59,7 @@ def create_app(translator: Translator, max_chars: int) -> Flask:
     return app
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="serve")
+@command("serve")
 def main(cfg: DictConfig) -> None:
     try:
         app = create_app(load_translator(cfg), cfg.max_chars)

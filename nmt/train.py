@@ -20,11 +20,11 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from nmt.cli import command
 from nmt.config import register_configs, to_plain
 from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
 from nmt.data.batching import Batch, BatchStream, worker_context, worker_errors, worker_init
@@ -274,7 +274,7 @@ def drop_if_unused(run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="config")
+@command("train")
 def main(cfg: DictConfig) -> float:
     try:
         hc = HydraConfig.get()

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import hydra
 from omegaconf import DictConfig
 
+from nmt.cli import command
 from nmt.config import register_configs
 from nmt.errors import NmtError
 from nmt.plots import heatmap
@@ -106,7 +106,7 @@ def _flush(tr: Translator, buf: list[str], sink: Sink) -> None:
         sink.out.flush()
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="translate")
+@command("translate")
 def main(cfg: DictConfig) -> None:
     try:
         if cfg.input and not Path(cfg.input).is_file():

@@ -30,6 +30,29 @@ def test_config_mistakes_fail_clearly(tmp_path, sample_dir, override, expect):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_config_mistakes_are_all_found_before_the_run_directory(tmp_path, sample_dir):
+    """Values that once failed one at a time, deep inside (after the corpus and sentencepiece), now
+    fail together before Hydra makes the run directory."""
+    bad = ["attention=dot", "trainer.optimizer=sgd", "wandb.mode=loud", "data.num_workers=4", "trainer.accum_steps=0"]
+    proc = run_module(
+        "nmt.train",
+        [f"data.dir={sample_dir}", *TINY, "encoder.hidden_size=24", *bad, f"hydra.run.dir={tmp_path}/run"],
+        tmp_path / "cache",
+        check=False,
+    )
+    assert proc.returncode == 2
+    for e in [
+        "attention=dot needs",
+        "trainer.optimizer='sgd'",
+        "wandb.mode='loud'",
+        "data.num_workers=4",
+        "trainer.accum_steps=0",
+    ]:
+        assert e in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == len(bad)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
 def test_missing_corpus_says_what_to_run(tmp_path):
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "notes.txt").write_text("not a corpus")

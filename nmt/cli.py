@@ -1,0 +1,326 @@
+"""The launcher every command shares: ``--help``, and the config checked in full before Hydra starts.
+
+``@command("translate")`` stands where ``@hydra.main(...)`` stood. Before Hydra makes a run directory
+(and so before the corpus, sentencepiece or wandb are touched), the launcher composes the config from
+the command line with Hydra's compose API and stops with one line per mistake, exit status 2:
+
+- an unknown key or config option: ``unknown key 'trainer.max_step' — did you mean trainer.max_steps?``
+- a mandatory key left out (``checkpoint``, evaluate's ``input``, average's ``output``);
+- a bad value: ``nmt.config.validate`` (every choice key with its allowed values, cheap structural rules).
+
+Only then does it hand over to Hydra's main, so ``hydra.run.dir``, ``-m`` sweeps, launchers, ``--cfg``
+and ``--hydra-help`` work as before. A sweep's swept values are checked against the choice table here,
+its fixed overrides composed and validated, and every job is validated again as it starts. An
+``NmtError`` raised inside a command ends it the same way: one line, exit 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import OmegaConf
+
+from nmt.config import (
+    AverageConfig,
+    EvaluateConfig,
+    ServeConfig,
+    TrainConfig,
+    TranslateConfig,
+    allowed,
+    bad_choice,
+    did_you_mean,
+    field_help,
+    register_configs,
+    schema_keys,
+    validate,
+)
+from nmt.errors import NmtError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass(frozen=True)
+class Command:
+    """What a command's launcher and ``--help`` need to know about it."""
+
+    name: str  # train | translate | evaluate | serve | average (also the root YAML, except train's)
+    config_name: str
+    schema: type
+    purpose: str
+    keys: tuple[str, ...]  # the most-used keys, shown by --help with the schema's comments
+    examples: tuple[str, ...]
+    groups: tuple[tuple[str, str], ...] = ()  # (config group, what choosing one does)
+
+    @property
+    def module(self) -> str:
+        return f"nmt.{self.name}"
+
+
+_DECODE_KEYS = ("checkpoint", "beam_size", "length_penalty", "ensemble", "device")
+
+COMMANDS = {
+    c.name: c
+    for c in (
+        Command(
+            "train",
+            "config",
+            TrainConfig,
+            "Train an attention-based RNN translation model: the corpus (fetched on first use), a sentencepiece "
+            "vocabulary, the encoder-attention-decoder model and its training loop, validating BLEU as it goes. "
+            "Everything lands in a run directory (outputs/DATE/TIME, or hydra.run.dir=DIR): the log, the "
+            "checkpoints (best.pt to translate with, last.pt to resume from) and attention plots.",
+            (
+                "data.dir",
+                "trainer.max_steps",
+                "trainer.max_minutes",
+                "trainer.lr",
+                "trainer.amp",
+                "trainer.resume",
+                "encoder.cell",
+                "encoder.hidden_size",
+                "decoder.hidden_size",
+                "device",
+                "wandb.mode",
+            ),
+            (
+                "python -m nmt.train                                  # default corpus, Bahdanau attention",
+                "python -m nmt.train attention=general decoder=luong  # swap parts",
+                "python -m nmt.train trainer.max_minutes=10 experiment=cpu_small",
+                "python -m nmt.train -m attention=dot,general,concat,bahdanau   # a sweep",
+                "python -m nmt.train hydra.run.dir=outputs/run1 trainer.resume=true",
+            ),
+            (
+                ("attention", "the attention score (default bahdanau)"),
+                ("decoder", "the decoder order: attend then RNN, or RNN then attend (default bahdanau)"),
+                ("data", "the corpus (default spa_eng)"),
+                ("experiment", "a published or tested setting (default none)"),
+            ),
+        ),
+        Command(
+            "translate",
+            "translate",
+            TranslateConfig,
+            "Translate text with a trained checkpoint: exactly one output line per input line, in input order. "
+            "Without input=FILE it reads stdin and answers each line as it arrives, so it works at a prompt "
+            "and inside a pipe.",
+            ("checkpoint", "input", "output", "beam_size", "n_best", "length_penalty", "batch_size", "device"),
+            (
+                "python -m nmt.translate checkpoint=outputs/run1/checkpoints/best.pt",
+                "python -m nmt.translate checkpoint=best.pt input=news.en output=news.es",
+                "echo 'How are you?' | python -m nmt.translate checkpoint=best.pt beam_size=1",
+                "python -m nmt.translate checkpoint=best.pt n_best=3 input=in.txt",
+                "python -m nmt.translate checkpoint=a.pt ensemble=[b.pt] attention_plot=plots input=in.txt",
+            ),
+        ),
+        Command(
+            "evaluate",
+            "evaluate",
+            EvaluateConfig,
+            "Score a checkpoint on a test set: BLEU, chrF and TER (sacrebleu's defaults on detokenised output, "
+            "with their signatures, comparable with published numbers), also with all of a source's "
+            "translations as references, and optionally a paired bootstrap test against a baseline system.",
+            ("input", *_DECODE_KEYS, "hypotheses", "json", "baseline"),
+            (
+                "python -m nmt.evaluate checkpoint=best.pt input=data/spa-eng/test.tsv",
+                "python -m nmt.evaluate checkpoint=best.pt input=test.tsv beam_size=10 json=scores.json",
+                "python -m nmt.evaluate checkpoint=new.pt input=test.tsv baseline=old.pt",
+            ),
+        ),
+        Command(
+            "serve",
+            "serve",
+            ServeConfig,
+            "A small translation web demo: a page where a person types English and sees the translation and "
+            "its attention heatmap, and a JSON API (POST /api/translate). It listens on loopback unless host "
+            "says otherwise and serves one request at a time.",
+            ("checkpoint", "host", "port", "max_chars", "beam_size", "device"),
+            (
+                "python -m nmt.serve checkpoint=best.pt",
+                "python -m nmt.serve checkpoint=best.pt port=8080",
+                "python -m nmt.serve checkpoint=best.pt host=0.0.0.0 beam_size=1",
+            ),
+        ),
+        Command(
+            "average",
+            "average",
+            AverageConfig,
+            "Average the weights of several checkpoints of one run (Junczys-Dowmunt et al. 2016; Vaswani et "
+            "al. 2017): a cheap ensemble, often +0.5-1 BLEU, that costs one model at decoding time. The result "
+            "is for translating, not for resuming.",
+            ("output", "checkpoints", "run_dir", "last"),
+            (
+                "python -m nmt.average output=avg.pt run_dir=outputs/run1 last=5",
+                "python -m nmt.average output=avg.pt checkpoints=[a.pt,b.pt,c.pt]",
+                "python -m nmt.translate checkpoint=avg.pt input=in.txt   # then use it",
+            ),
+        ),
+    )
+}
+
+
+def help_text(cmd: Command) -> str:
+    """The command's ``--help``: what it does, its most-used keys (meaning from the schema), examples."""
+    docs, defaults = field_help(cmd.schema), OmegaConf.structured(cmd.schema)
+    wrap = functools.partial(textwrap.fill, width=100, subsequent_indent=" " * 24)
+    rows = []
+    for key in cmd.keys:
+        default = "required" if OmegaConf.is_missing(*_parent(defaults, key)) else OmegaConf.select(defaults, key)
+        doc, choices = docs.get(key, ""), allowed(key)
+        if choices and not all(c in doc for c in choices):
+            doc += f" One of: {', '.join(choices)}."
+        rows.append(wrap(f"  {key:<21} {doc} [{default}]".replace("  [", " [")))
+    for group, meaning in cmd.groups:
+        rows.append(wrap(f"  {group + '=NAME':<21} {meaning}; one of {', '.join(group_options(group))}"))
+    return "\n".join(
+        [
+            f"usage: python -m {cmd.module} [KEY=VALUE ...]",
+            "",
+            textwrap.fill(cmd.purpose, width=100),
+            "",
+            "Most-used keys [default]:",
+            *rows,
+            "",
+            "Examples:",
+            *(f"  {e}" for e in cmd.examples),
+            "",
+            f"Every key with its value: python -m {cmd.module} --cfg job. Hydra's own options: --hydra-help.",
+        ]
+    )
+
+
+def _parent(cfg: Any, key: str) -> tuple[Any, str]:
+    section, _, name = key.rpartition(".")
+    return (OmegaConf.select(cfg, section) if section else cfg), name
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+class Stop(Exception):
+    """Mistakes found before Hydra starts: one line each."""
+
+    def __init__(self, lines: Sequence[str]):
+        super().__init__("\n".join(lines))
+        self.lines = list(lines)
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception (and its cause, where Hydra wraps one) as one line."""
+    first = str(e).strip().splitlines() or [type(e).__name__]
+    cause = e.__cause__ and str(e.__cause__).strip().splitlines()
+    return first[0] + (f": {cause[0]}" if cause and cause[0] not in first[0] else "")
+
+
+def check_overrides(cmd: Command, overrides: Sequence[Any]) -> list[str]:
+    """Unknown keys and config options (with a did-you-mean), and swept values outside a choice key's table."""
+    keys, groups = schema_keys(cmd.schema), dict(cmd.groups)
+    problems = []
+    for o in overrides:
+        key = o.key_or_group
+        if key.startswith("hydra") or o.is_add() or o.is_delete():
+            continue  # Hydra's own keys; +key=value and ~key are Hydra's to refuse (the schema admits no new keys)
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        if key in groups:
+            options = group_options(key)
+            for v in values:
+                if v not in (*options, "null"):
+                    hint = did_you_mean(v, options)
+                    problems.append(
+                        f"{key}={v}: there is no config '{key}/{v}' (configs/{key}/); choose one of "
+                        f"{', '.join(options)}" + (f" — did you mean {key}={hint}?" if hint else "")
+                    )
+        elif key not in keys:
+            hint = did_you_mean(key, keys + [f"{g}=" for g in groups])
+            problems.append(f"unknown key '{key}'" + (f" — did you mean {hint.rstrip('=')}?" if hint else ""))
+        elif o.is_sweep_override() and allowed(key):
+            problems += [p for p in map(functools.partial(bad_choice, key), values) if p]
+    return problems
+
+
+def preflight(cmd: Command, overrides: Sequence[str]) -> None:
+    """Compose the config the way Hydra will and check it in full; raise Stop listing every mistake."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception as e:  # noqa: BLE001  (Hydra's syntax errors: reported in one line)
+        raise Stop([_one_line(e)]) from None
+    if problems := check_overrides(cmd, parsed):
+        raise Stop(problems)
+    fixed = [o.input_line for o in parsed if not o.key_or_group.startswith("hydra") and not o.is_sweep_override()]
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=cmd.name):
+            cfg = compose(cmd.config_name, overrides=fixed)
+    except Exception as e:  # noqa: BLE001  (composition/type errors name the override; one line)
+        raise Stop([_one_line(e)]) from None
+    if missing := sorted(OmegaConf.missing_keys(cfg)):
+        docs, see = field_help(cmd.schema), f"see python -m {cmd.module} --help"
+        raise Stop([f"{k}=... is required: {docs.get(k, 'it has no default')}; {see}" for k in missing])
+    try:
+        validate(cfg, cmd.name)
+    except NmtError as e:
+        raise Stop(str(e).splitlines()) from None
+
+
+def _fail(cmd: Command, lines: Sequence[str]) -> None:
+    for line in lines:
+        print(f"[{cmd.module}][ERROR] - {line}", file=sys.stderr)
+    sys.exit(2)
+
+
+def launch(cmd: Command, hydra_main: Callable[[], Any], argv: Sequence[str]) -> Any:
+    """``--help``, then the checks, then Hydra (which parses ``sys.argv`` again, as it always has)."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(list(argv))
+    if args.help:
+        print(help_text(cmd))
+        sys.exit(0)
+    # Hydra's own modes, and other config sources than ours, pass through unchecked.
+    passthrough = (args.hydra_help, args.cfg, args.info, args.shell_completion, args.config_path, args.config_name)
+    if not any(passthrough) and not args.config_dir and not args.experimental_rerun:
+        try:
+            preflight(cmd, args.overrides)
+        except Stop as e:
+            _fail(cmd, e.lines)
+    return hydra_main()
+
+
+def command(name: str) -> Callable[[Callable[[Any], Any]], Callable[[], Any]]:
+    """Decorator for a command's task function (it replaces ``@hydra.main``): the returned function
+    launches the command from ``sys.argv``. Each (sweep) job's config is validated again as it starts,
+    and an ``NmtError`` anywhere in the task becomes one logged line and exit status 2."""
+    cmd = COMMANDS[name]
+
+    def wrap(task: Callable[[Any], Any]) -> Callable[[], Any]:
+        log = logging.getLogger(cmd.module)
+
+        @functools.wraps(task)  # Hydra names the job (and train.log) after the unwrapped function's file
+        def job(cfg: Any) -> Any:
+            try:
+                validate(cfg, cmd.name)
+                return task(cfg)
+            except NmtError as e:
+                for line in str(e).splitlines():
+                    log.error("%s", line)
+                sys.exit(2)
+
+        hydra_main = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=cmd.config_name)(job)
+
+        def main() -> Any:
+            return launch(cmd, hydra_main, sys.argv[1:])
+
+        return main
+
+    return wrap

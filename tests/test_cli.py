@@ -1,0 +1,158 @@
+"""The launcher (nmt/cli.py): the whole config is checked before Hydra makes a run directory, every
+mistake is one line, and each command's --help says what it does and what it reads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, env
+from nmt.config import CHOICES, TrainConfig, field_help, validate
+from nmt.errors import ConfigError
+
+
+def run_in(cwd: Path, module: str, args: list[str], timeout: int = 60) -> subprocess.CompletedProcess:
+    """A command with ``cwd`` as the working directory (where Hydra would put outputs/)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env={**env(cwd / "cache"), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    "override,allowed",
+    [
+        ("trainer.amp=fp8", ["none", "bf16", "fp16"]),
+        ("trainer.optimizer=sgd", ["adam", "adamw"]),
+        ("trainer.scheduler=cosine", ["constant", "warmup_decay", "plateau"]),
+        ("encoder.cell=rnn", ["gru", "lstm"]),
+        ("tokenizer.model_type=word", ["unigram", "bpe"]),
+    ],
+)
+def test_bad_choice_is_one_line_before_any_work(tmp_path, override, allowed):
+    run = tmp_path / "run"
+    start = time.monotonic()
+    proc = run_in(tmp_path, "nmt.train", [override, f"hydra.run.dir={run}"])
+    took = time.monotonic() - start
+    assert proc.returncode == 2, proc.stderr
+    assert took < 20
+    key, value = override.split("=")
+    (line,) = error_lines(proc)
+    assert f"{key}='{value}'" in line and all(a in line for a in allowed), line
+    assert not run.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "no outputs/, no cache, nothing created"
+
+
+def test_every_bad_key_is_reported_at_once(tmp_path):
+    proc = run_in(tmp_path, "nmt.train", ["trainer.amp=fp8", "decoder.order=sideways", "device=gpu9"])
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 3, lines
+    assert any("trainer.amp='fp8'" in x and "bf16" in x for x in lines)
+    assert any("decoder.order='sideways'" in x and "luong" in x for x in lines)
+    assert any("device='gpu9'" in x for x in lines)
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize(
+    "override,hint",
+    [
+        ("trainer.max_step=5", "did you mean trainer.max_steps?"),
+        ("max_steps=5", "did you mean trainer.max_steps?"),
+        ("attentoin=dot", "did you mean attention?"),
+        ("attention=bahdnau", "did you mean attention=bahdanau?"),
+    ],
+)
+def test_mistyped_key_suggests_the_right_one(tmp_path, override, hint):
+    proc = run_in(tmp_path, "nmt.train", [override])
+    assert proc.returncode == 2
+    (line,) = error_lines(proc)
+    assert hint in line, line
+    assert "+" not in line.split("did you mean")[0], "no Hydra advice to append the key"
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize(
+    "module,args,key",
+    [
+        ("nmt.translate", [], "checkpoint"),
+        ("nmt.evaluate", ["checkpoint=x.pt"], "input"),
+        ("nmt.average", [], "output"),
+    ],
+)
+def test_missing_mandatory_key_is_one_line(tmp_path, module, args, key):
+    proc = run_in(tmp_path, module, args)
+    assert proc.returncode == 2
+    (line,) = error_lines(proc)
+    assert f"{key}=... is required" in line, line
+    assert "Traceback" not in proc.stderr and "MissingMandatoryValue" not in proc.stderr
+
+
+def test_decode_settings_are_checked_before_the_checkpoint_is_read(tmp_path):
+    proc = run_in(tmp_path, "nmt.translate", ["checkpoint=missing.pt", "beam_size=2", "n_best=3"])
+    assert proc.returncode == 2
+    (line,) = error_lines(proc)
+    assert "n_best=3" in line and "beam_size=2" in line, line
+
+
+def test_sweep_values_are_checked_before_any_job(tmp_path):
+    proc = run_in(tmp_path, "nmt.train", ["-m", "trainer.amp=bf16,fp8", "attention=dot,nope"])
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert any("trainer.amp='fp8'" in x for x in lines) and any("attention/nope" in x for x in lines), lines
+    assert not (tmp_path / "multirun").exists()
+
+
+@pytest.mark.parametrize(
+    "module,purpose,own_key",
+    [
+        ("nmt.train", "Train an attention-based RNN", "trainer.max_steps"),
+        ("nmt.translate", "Translate text with a trained checkpoint", "beam_size"),
+        ("nmt.evaluate", "Score a checkpoint on a test set", "baseline"),
+        ("nmt.average", "Average the weights of several checkpoints", "run_dir"),
+        ("nmt.serve", "translation web demo", "port"),
+    ],
+)
+def test_help_says_what_the_command_does(tmp_path, module, purpose, own_key):
+    proc = run_in(tmp_path, module, ["--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert purpose in proc.stdout and own_key in proc.stdout
+    assert f"python -m {module} " in proc.stdout.split("Examples:")[1]
+    if module == "nmt.translate":
+        assert "trainer." not in proc.stdout and "attention=" not in proc.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def test_help_documents_keys_from_the_schema():
+    docs = field_help(TrainConfig)
+    assert docs["trainer.max_steps"] == "0 = no limit"
+    assert "per direction" in docs["encoder.hidden_size"]
+    assert docs["data.max_tokens"].startswith("Token budget per batch")  # a comment above the field
+
+
+def test_validate_keeps_plain_strings_and_reports_each_key():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.attention.name = "bahdanau"
+    validate(cfg, "train")  # the defaults are valid
+    assert all(isinstance(v, str) for choices in CHOICES.values() for v in choices)
+    cfg.trainer.amp, cfg.trainer.accum_steps, cfg.data.num_workers, cfg.attention.name = "fp8", 0, 3, "dott"
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, "train")
+    lines = str(e.value).splitlines()
+    assert len(lines) == 4, lines
+    assert any("attention.name='dott'" in x and "scaled_dot" in x for x in lines)
+    assert any("trainer.accum_steps=0" in x for x in lines) and any("data.num_workers=3" in x for x in lines)
