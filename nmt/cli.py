@@ -141,7 +141,7 @@ COMMANDS = {
             "A small translation web demo: a page where a person types English and sees the translation and "
             "its attention heatmap, and a JSON API (POST /api/translate). It listens on loopback unless host "
             "says otherwise and serves one request at a time.",
-            ("checkpoint", "host", "port", "max_chars", "beam_size", "device"),
+            ("checkpoint", "host", "port", "http_threads", "max_chars", "beam_size", "device"),
             (
                 "python -m nmt.serve checkpoint=best.pt",
                 "python -m nmt.serve checkpoint=best.pt port=8080",

@@ -212,6 +212,7 @@ class ServeConfig(DecodeConfig):
     host: str = "127.0.0.1"  # loopback: reachable from this machine only
     port: int = 8000  # the TCP port to listen on
     max_chars: int = 500  # longer requests are refused (HTTP 413)
+    http_threads: int = 4  # waitress worker threads answering requests (translations still run one at a time)
 
 
 @dataclass

@@ -1,33 +1,126 @@
-"""``python -m nmt.serve checkpoint=PATH [port=8000] [host=127.0.0.1]``: a small translation web demo.
+"""``python -m nmt.serve checkpoint=PATH [port=8000] [host=127.0.0.1] [http_threads=4]``: a translation web demo.
 
 ``GET /`` is a page where a person types English and sees the Spanish and the attention
-heatmap; ``POST /api/translate`` with ``{"text": ...}`` answers JSON. It listens on
-loopback unless ``host`` says otherwise, limits input length, and serves one request at
-a time (the model is not shared between threads). Flask's own server: fine for a demo,
-put a real WSGI server in front for anything more.
+heatmap; ``GET /healthz`` answers ``{"ok": true}`` once the model is loaded;
+``POST /api/translate`` with ``{"text": ...}`` answers JSON. It listens on loopback unless
+``host`` says otherwise and limits input length.
+
+The server is waitress (a production WSGI server, pure Python) with ``http_threads`` worker
+threads, so a slow translation never stops other clients from connecting, loading the page
+or being told what was wrong with their request. The model itself runs one request at a
+time (see ``SharedTranslator``).
+
+Each line of the input is translated on its own, all lines of a request as one batch, and
+the output has one line per input line: the model was trained on single sentences
+(Tatoeba pairs), so a paragraph fed as one sequence goes beyond anything it has seen, and
+``nmt.translate`` treats lines the same way. Sentences within one line are not split.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import threading
 from importlib import resources
+from typing import Any
 
 from flask import Flask, Response, jsonify, request
 from omegaconf import DictConfig
+from werkzeug.exceptions import HTTPException
 
 from nmt.cli import command
 from nmt.config import register_configs
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.runtime import load_translator
-from nmt.translator import Translator
+from nmt.translator import Translation, Translator
 
 log = logging.getLogger("nmt.serve")
 register_configs()
 
+EXPECTED = 'expected a JSON object {"text": "..."}'
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+
+
+class RequestError(ValueError):
+    """A request the client must fix; the message says what was wrong (HTTP ``status``)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def json_type(value: Any) -> str:
+    """``{"a": 1}`` → ``an object``: the JSON name of a decoded value's type, for error messages."""
+    return JSON_TYPES.get(type(value), "a number")
+
+
+def parse_request(body: bytes, max_chars: int) -> str:
+    """The ``text`` of a ``/api/translate`` request body, or a RequestError saying what was wrong.
+
+    Any Content-Type is accepted (``curl -d`` sends form encoding by default): the body is JSON or not.
+    """
+    if not body.strip():
+        raise RequestError(f"the request body is empty; {EXPECTED}")
+    try:
+        data = json.loads(body)
+    except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8/16/32
+        raise RequestError(f"the request body is not JSON ({e}); {EXPECTED}") from None
+    if not isinstance(data, dict):
+        raise RequestError(f"the JSON is {json_type(data)}, not an object; {EXPECTED}")
+    if "text" not in data:
+        keys = ", ".join(map(json.dumps, data)) or "none"
+        raise RequestError(f'the JSON object has no "text" field (its keys: {keys}); {EXPECTED}')
+    text = data["text"]
+    if not isinstance(text, str):
+        raise RequestError(f'"text" is {json_type(text)}, not a string; {EXPECTED}')
+    if len(text) > max_chars:
+        raise RequestError(f"text is {len(text)} characters; the limit is {max_chars}", 413)
+    return text
+
+
+def input_lines(text: str) -> list[str]:
+    """The lines to translate: one per input line (``\\n``, ``\\r\\n``, ...), spaces collapsed; at least one."""
+    return [" ".join(line.split()) for line in text.splitlines()] or [""]
+
+
+class SharedTranslator:
+    """A Translator that the server's worker threads share: one translation at a time.
+
+    A lock rather than a translator per thread: ``Translator.translate`` switches the model's
+    train/eval mode (shared state), a copy per thread would multiply the model's memory, and
+    torch already spreads one batch over all cores (``threads``), so two batches at once would
+    only compete for the same cores. Requests that wait here hold only their worker thread;
+    the other threads keep accepting connections and answering ``/``, ``/healthz`` and errors.
+    """
+
+    def __init__(self, translator: Translator):
+        self.translator = translator
+        self.lock = threading.Lock()
+
+    def translate(self, lines: list[str]) -> list[Translation]:
+        with self.lock:
+            return self.translator.translate(lines, return_attention=True)
+
+
+def line_json(source: str, t: Translation) -> dict:
+    att = t.hypothesis.attention
+    return dict(
+        source=source,
+        translation=t.text,
+        score=t.hypothesis.score,
+        src_pieces=t.src_pieces,
+        tgt_pieces=t.tgt_pieces,
+        attention=[] if att is None else att.tolist(),  # [len(tgt_pieces)][len(src_pieces)]
+    )
+
 
 def create_app(translator: Translator, max_chars: int) -> Flask:
     app = Flask(__name__)
+    # A body longer than any valid request (12 bytes per character: a JSON surrogate-pair escape)
+    # is refused with 413 before it is read.
+    app.config["MAX_CONTENT_LENGTH"] = 12 * max_chars + 1024
+    shared = SharedTranslator(translator)
     page = resources.files("nmt.web").joinpath("index.html").read_text().replace("__MAX_CHARS__", str(max_chars))
 
     @app.get("/")
@@ -40,34 +133,61 @@ def create_app(translator: Translator, max_chars: int) -> Flask:
 
     @app.post("/api/translate")
     def api() -> tuple[Response, int]:
-        body = request.get_json(silent=True)
-        if not isinstance(body, dict) or not isinstance(body.get("text"), str):
-            return jsonify(error='expected a JSON object {"text": "..."}'), 400
-        text = body["text"]
-        if len(text) > max_chars:
-            return jsonify(error=f"text is {len(text)} characters; the limit is {max_chars}"), 413
-        t = translator.translate([" ".join(text.split())], return_attention=True)[0]
-        att = t.hypothesis.attention
-        return jsonify(
-            translation=t.text,
-            score=t.hypothesis.score,
-            src_pieces=t.src_pieces,
-            tgt_pieces=t.tgt_pieces,
-            attention=[] if att is None else att.tolist(),
-        ), 200
+        try:
+            text = parse_request(request.get_data(cache=False), max_chars)
+        except RequestError as e:
+            return jsonify(error=str(e)), e.status
+        lines = input_lines(text)
+        per_line = [line_json(src, t) for src, t in zip(lines, shared.translate(lines))]
+        # The first line's fields at the top level too, so single-line clients read them directly.
+        joined = "\n".join(x["translation"] for x in per_line)
+        return jsonify(per_line[0] | dict(translation=joined, lines=per_line)), 200
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException) -> tuple[Response, int]:
+        """404, 405, 413 (body too large), 500 ...: JSON with the reason, like the API's own errors."""
+        return jsonify(error=f"{e.code} {e.name}: {e.description}"), e.code or 500
 
     return app
+
+
+def make_server(app: Flask, host: str, port: int, threads: int):
+    """A waitress server bound to host:port (port 0: a free one, see ``.effective_port``); ``.run()`` serves.
+
+    Built with ``create_server`` rather than ``waitress.serve`` so the log line can give the port
+    actually bound, and ``close()`` stops it (tests run it in a thread).
+    """
+    from waitress import create_server
+
+    try:
+        return create_server(app, host=host, port=port, threads=threads, ident="nmt")
+    except OSError as e:  # the port is taken, or the host is not an address of this machine
+        raise ConfigError(f"cannot listen on host={host} port={port}: {e.strerror or e}") from None
 
 
 @command("serve")
 def main(cfg: DictConfig) -> None:
     try:
+        if cfg.http_threads < 1:  # checked before the model is loaded
+            raise ConfigError(f"http_threads={cfg.http_threads}: the server needs at least 1 worker thread")
         app = create_app(load_translator(cfg), cfg.max_chars)
+        server = make_server(app, cfg.host, cfg.port, cfg.http_threads)
     except NmtError as e:
         log.error("%s", e)
         sys.exit(2)
-    log.info("serving %s on http://%s:%d/", cfg.checkpoint, cfg.host, cfg.port)
-    app.run(host=cfg.host, port=cfg.port, threaded=False)
+    log.info(
+        "serving %s on http://%s:%s/ with %d threads (waitress)",
+        cfg.checkpoint,
+        cfg.host,
+        server.effective_port,
+        cfg.http_threads,
+    )
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        log.info("stopped")
+    finally:
+        server.close()
 
 
 if __name__ == "__main__":
