@@ -140,7 +140,8 @@ COMMANDS = {
             ServeConfig,
             "A small translation web demo: a page where a person types English and sees the translation and "
             "its attention heatmap, and a JSON API (POST /api/translate). It listens on loopback unless host "
-            "says otherwise and serves one request at a time.",
+            "says otherwise; waitress answers with http_threads worker threads (GET /healthz for probes), "
+            "and each line of a request is translated on its own.",
             ("checkpoint", "host", "port", "http_threads", "max_chars", "beam_size", "device"),
             (
                 "python -m nmt.serve checkpoint=best.pt",
