@@ -9,7 +9,6 @@ optimiser state: it is for translating, not for resuming.
 from __future__ import annotations
 
 import logging
-import sys
 
 import torch
 from omegaconf import DictConfig
@@ -17,7 +16,7 @@ from omegaconf import DictConfig
 from nmt import checkpoint
 from nmt.cli import command
 from nmt.config import register_configs
-from nmt.errors import ConfigError, NmtError
+from nmt.errors import ConfigError
 from nmt.rundir import RunDir
 
 log = logging.getLogger("nmt.average")
@@ -54,13 +53,9 @@ def newest(run_dir: str, n: int) -> list[str]:
 
 @command("average")
 def main(cfg: DictConfig) -> None:
-    try:
-        paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])
-        checkpoint.save(cfg.output, average(paths))  # atomic, as every checkpoint
-        log.info("averaged %d checkpoints into %s: %s", len(paths), cfg.output, ", ".join(paths))
-    except NmtError as e:
-        log.error("%s", e)
-        sys.exit(2)
+    paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])
+    checkpoint.save(cfg.output, average(paths))  # atomic, as every checkpoint
+    log.info("averaged %d checkpoints into %s: %s", len(paths), cfg.output, ", ".join(paths))
 
 
 if __name__ == "__main__":

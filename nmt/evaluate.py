@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 
 import sacrebleu
@@ -120,31 +119,27 @@ def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
 
 @command("evaluate")
 def main(cfg: DictConfig) -> None:
-    try:
-        check_outputs(cfg.hypotheses, cfg.json)
-        pairs = load_pairs(CorpusSpec(cfg.input))
-        tr = load_translator(cfg)
-        sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
-        hyps = [t.text for t in tr.translate(sources)]
-        s = score(hyps, sources, refs)
-        s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty)
-        if cfg.baseline:
-            if cfg.baseline.endswith(".pt"):
-                base_tr = load_translator(OmegaConf.merge(cfg, {"checkpoint": cfg.baseline, "ensemble": []}))
-                base = [t.text for t in base_tr.translate(sources)]
-            else:
-                base = Path(cfg.baseline).read_text(encoding="utf-8").splitlines()
-            if len(base) != len(hyps):
-                raise NmtError(f"{cfg.baseline}: {len(base)} lines, expected one per line of {cfg.input} ({len(hyps)})")
-            s["paired_bootstrap"] = paired_bootstrap(hyps, base, refs, cfg.bootstrap_samples)
-        print(format_table(cfg.checkpoint, cfg.input, cfg.beam_size, s))
-        if cfg.hypotheses:
-            Path(cfg.hypotheses).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        if cfg.json:
-            Path(cfg.json).write_text(json.dumps(s, indent=1) + "\n")
-    except NmtError as e:
-        log.error("%s", e)
-        sys.exit(2)
+    check_outputs(cfg.hypotheses, cfg.json)
+    pairs = load_pairs(CorpusSpec(cfg.input))
+    tr = load_translator(cfg)
+    sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
+    hyps = [t.text for t in tr.translate(sources)]
+    s = score(hyps, sources, refs)
+    s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty)
+    if cfg.baseline:
+        if cfg.baseline.endswith(".pt"):
+            base_tr = load_translator(OmegaConf.merge(cfg, {"checkpoint": cfg.baseline, "ensemble": []}))
+            base = [t.text for t in base_tr.translate(sources)]
+        else:
+            base = Path(cfg.baseline).read_text(encoding="utf-8").splitlines()
+        if len(base) != len(hyps):
+            raise NmtError(f"{cfg.baseline}: {len(base)} lines, expected one per line of {cfg.input} ({len(hyps)})")
+        s["paired_bootstrap"] = paired_bootstrap(hyps, base, refs, cfg.bootstrap_samples)
+    print(format_table(cfg.checkpoint, cfg.input, cfg.beam_size, s))
+    if cfg.hypotheses:
+        Path(cfg.hypotheses).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    if cfg.json:
+        Path(cfg.json).write_text(json.dumps(s, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
 from importlib import resources
 from typing import Any
@@ -31,7 +30,7 @@ from werkzeug.exceptions import HTTPException
 
 from nmt.cli import command
 from nmt.config import register_configs
-from nmt.errors import ConfigError, NmtError
+from nmt.errors import ConfigError
 from nmt.runtime import load_translator
 from nmt.translator import Translation, Translator
 
@@ -167,14 +166,10 @@ def make_server(app: Flask, host: str, port: int, threads: int):
 
 @command("serve")
 def main(cfg: DictConfig) -> None:
-    try:
-        if cfg.http_threads < 1:  # checked before the model is loaded
-            raise ConfigError(f"http_threads={cfg.http_threads}: the server needs at least 1 worker thread")
-        app = create_app(load_translator(cfg), cfg.max_chars)
-        server = make_server(app, cfg.host, cfg.port, cfg.http_threads)
-    except NmtError as e:
-        log.error("%s", e)
-        sys.exit(2)
+    if cfg.http_threads < 1:  # checked before the model is loaded
+        raise ConfigError(f"http_threads={cfg.http_threads}: the server needs at least 1 worker thread")
+    app = create_app(load_translator(cfg), cfg.max_chars)
+    server = make_server(app, cfg.host, cfg.port, cfg.http_threads)
     log.info(
         "serving %s on http://%s:%s/ with %d threads (waitress)",
         cfg.checkpoint,

@@ -108,33 +108,29 @@ def _flush(tr: Translator, buf: list[str], sink: Sink) -> None:
 
 @command("translate")
 def main(cfg: DictConfig) -> None:
-    try:
-        if cfg.input and not Path(cfg.input).is_file():
-            raise NmtError(f"{cfg.input}: input file not found")
-        check_outputs(cfg.output, cfg.attention_out)
-        tr = load_translator(cfg)
-        with contextlib.ExitStack() as stack:
-            # errors="replace": a stray non-UTF-8 byte costs one character, not the run; newline="\n": only
-            # \n ends a line (a stray \r inside a line must not make two outputs of one input).
-            src = (
-                stack.enter_context(open(cfg.input, encoding="utf-8", errors="replace", newline="\n"))
-                if cfg.input
-                else io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
-            )
-            out = stack.enter_context(open(cfg.output, "w", encoding="utf-8")) if cfg.output else sys.stdout
-            sink = Sink(out, cfg.n_best)
-            if cfg.attention_plot:
-                sink.plot_dir = Path(cfg.attention_plot)
-                sink.plot_dir.mkdir(parents=True, exist_ok=True)
-            if cfg.attention_out:
-                sink.attention_out = stack.enter_context(open(cfg.attention_out, "w", encoding="utf-8"))
-            odd: list[int] = []
-            n = translate_stream(tr, read_lines(src, odd), sink, cfg.batch_size, interactive=cfg.input is None)
-            report_odd_lines(odd, cfg.input or "stdin")
-        log.info("translated %d lines%s", n, f" into {cfg.output}" if cfg.output else "")
-    except NmtError as e:
-        log.error("%s", e)
-        sys.exit(2)
+    if cfg.input and not Path(cfg.input).is_file():
+        raise NmtError(f"{cfg.input}: input file not found")
+    check_outputs(cfg.output, cfg.attention_out)
+    tr = load_translator(cfg)
+    with contextlib.ExitStack() as stack:
+        # errors="replace": a stray non-UTF-8 byte costs one character, not the run; newline="\n": only
+        # \n ends a line (a stray \r inside a line must not make two outputs of one input).
+        src = (
+            stack.enter_context(open(cfg.input, encoding="utf-8", errors="replace", newline="\n"))
+            if cfg.input
+            else io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
+        )
+        out = stack.enter_context(open(cfg.output, "w", encoding="utf-8")) if cfg.output else sys.stdout
+        sink = Sink(out, cfg.n_best)
+        if cfg.attention_plot:
+            sink.plot_dir = Path(cfg.attention_plot)
+            sink.plot_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.attention_out:
+            sink.attention_out = stack.enter_context(open(cfg.attention_out, "w", encoding="utf-8"))
+        odd: list[int] = []
+        n = translate_stream(tr, read_lines(src, odd), sink, cfg.batch_size, interactive=cfg.input is None)
+        report_odd_lines(odd, cfg.input or "stdin")
+    log.info("translated %d lines%s", n, f" into {cfg.output}" if cfg.output else "")
 
 
 if __name__ == "__main__":
