@@ -41,7 +41,15 @@ def load_model(path: str, device: torch.device) -> tuple[Seq2Seq, Tokenizer]:
     ckpt = checkpoint.load(path, map_location=device)
     cfg = OmegaConf.create(ckpt["config"])
     tok = Tokenizer.from_state_dict(ckpt["tokenizer"])
-    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
+    model = build_model(
+        cfg.encoder,
+        cfg.attention,
+        cfg.decoder,
+        tok.src_vocab_size,
+        tok.tgt_vocab_size,
+        rnn_impl=OmegaConf.select(cfg, "model.rnn_impl", default="auto"),
+        device=device,
+    )
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), tok
 

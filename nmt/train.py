@@ -170,9 +170,15 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
             with heartbeat("preparing sentencepiece (read the corpus sample, train or load from the cache)"):
                 state = build_tokenizer(cfg.tokenizer, specs["train"]).state_dict()
         tokenizer = Tokenizer.from_state_dict(d.broadcast(state))
-    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(
-        device
-    )
+    model = build_model(
+        cfg.encoder,
+        cfg.attention,
+        cfg.decoder,
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        rnn_impl=cfg.model.rnn_impl,
+        device=device,
+    ).to(device)
     log.info(
         "model: %s encoder, %s attention, %s-order decoder, %s parameters, device %s",
         cfg.encoder.cell,

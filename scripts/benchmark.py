@@ -83,7 +83,15 @@ class NmtRun:
         self.name, self.overrides, self.cfg = name, overrides, cfg
         self.device = device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
+        self.model = build_model(
+            cfg.encoder,
+            cfg.attention,
+            cfg.decoder,
+            tok.src_vocab_size,
+            tok.tgt_vocab_size,
+            rnn_impl=cfg.model.rnn_impl,
+            device=device,
+        )
         self.model.to(device)
         run_dir = Path(tempfile.mkdtemp(prefix="nmt-bench-"))
         valid = load_pairs(self.specs["valid"], limit=10)
