@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from nmt.config import TrainConfig
 from nmt.data.batching import collate
 from nmt.models.attention import ATTENTIONS
-from nmt.models.build import build_model
+from nmt.models.build import build_model, model_from_config
 
 V = 40
 
@@ -190,3 +190,16 @@ def test_bf16_decoder_products_match_float32_loss_and_gradients(order, cell, fee
     for n in g32:
         scale = g32[n].abs().max().clamp_min(1e-3)
         assert (g16[n] - g32[n]).abs().max() / scale < 0.05, n
+
+
+def test_rnn_impl_comes_from_config_and_old_configs_get_auto():
+    """model.rnn_impl picks both RNNs' implementation; a checkpoint config from before the key existed
+    (no ``model`` section) builds with ``auto``, the loop on CPU."""
+    cfg = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
+    cfg["attention"]["name"] = "bahdanau"
+    cfg["model"] = {"rnn_impl": "eager"}
+    model = model_from_config(OmegaConf.create(cfg), V, V, "cpu")
+    assert (model.encoder.rnn.impl, model.decoder.rnn.impl) == ("eager", "eager")
+    del cfg["model"]
+    model = model_from_config(OmegaConf.create(cfg), V, V, "cpu")
+    assert (model.encoder.rnn.impl, model.decoder.rnn.impl) == ("loop", "loop")

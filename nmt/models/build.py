@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import OmegaConf
 from torch import nn
 
 from nmt.errors import ConfigError
@@ -72,6 +73,13 @@ def build_model(
     for emb in (enc.embed, dec.embed):
         emb.weight.data[emb.padding_idx].zero_()
     return model
+
+
+def model_from_config(cfg: Any, src_vocab: int, tgt_vocab: int, device: Any) -> Seq2Seq:
+    """``build_model`` from a whole train config, for ``device``. A checkpoint's config from before
+    ``model.rnn_impl`` existed has no ``model`` section: it gets ``auto``."""
+    rnn_impl = OmegaConf.select(cfg, "model.rnn_impl", default="auto")
+    return build_model(cfg.encoder, cfg.attention, cfg.decoder, src_vocab, tgt_vocab, rnn_impl=rnn_impl, device=device)
 
 
 def count_parameters(model: nn.Module) -> int:
