@@ -156,12 +156,18 @@ class TrainerConfig:
 
 
 @dataclass
+class ModelConfig:
+    rnn_impl: str = "auto"  # auto | eager | loop | cudnn (how the RNNs are computed; nmt.models.rnn)
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N

@@ -15,7 +15,7 @@ import torch
 from nmt import checkpoint
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
-from nmt.models.build import build_model
+from nmt.models.build import model_from_config
 from nmt.models.seq2seq import Ensemble, Seq2Seq
 from nmt.search import SearchOptions
 from nmt.translator import Translator
@@ -41,7 +41,7 @@ def load_model(path: str, device: torch.device) -> tuple[Seq2Seq, Tokenizer]:
     ckpt = checkpoint.load(path, map_location=device)
     cfg = OmegaConf.create(ckpt["config"])
     tok = Tokenizer.from_state_dict(ckpt["tokenizer"])
-    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
+    model = model_from_config(cfg, tok.src_vocab_size, tok.tgt_vocab_size, device)
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), tok
 

@@ -34,7 +34,7 @@ from nmt.distributed import Dist, init_distributed, shutdown
 from nmt.errors import ConfigError, NmtError
 from nmt.heartbeat import heartbeat
 from nmt.logger import RunLogger
-from nmt.models.build import build_model, count_parameters
+from nmt.models.build import count_parameters, model_from_config
 from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.trainer import FitResult
@@ -173,9 +173,7 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
             with heartbeat("preparing sentencepiece (read the corpus sample, train or load from the cache)"):
                 state = build_tokenizer(cfg.tokenizer, specs["train"]).state_dict()
         tokenizer = Tokenizer.from_state_dict(d.broadcast(state))
-    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(
-        device
-    )
+    model = model_from_config(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, device).to(device)
     log.info(
         "model: %s encoder, %s attention, %s-order decoder, %s parameters, device %s",
         cfg.encoder.cell,

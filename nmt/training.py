@@ -160,6 +160,7 @@ def build_trainer(
 # trainer.allow_changes: limits, where it runs, how it logs, and implementation choices that do not
 # change the maths. Entries ending in "." are prefixes.
 RESUME_MAY_CHANGE = (
+    "model.rnn_impl",
     "trainer.resume",
     "trainer.allow_changes",
     "trainer.max_steps",

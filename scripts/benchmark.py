@@ -46,7 +46,7 @@ from nmt.config import to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.corpus import load_pairs
 from nmt.distributed import Dist
-from nmt.models.build import build_model
+from nmt.models.build import model_from_config
 from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.search import SearchOptions
@@ -83,7 +83,7 @@ class NmtRun:
         self.name, self.overrides, self.cfg = name, overrides, cfg
         self.device = device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.encoder, cfg.attention, cfg.decoder, tok.src_vocab_size, tok.tgt_vocab_size)
+        self.model = model_from_config(cfg, tok.src_vocab_size, tok.tgt_vocab_size, device)
         self.model.to(device)
         run_dir = Path(tempfile.mkdtemp(prefix="nmt-bench-"))
         valid = load_pairs(self.specs["valid"], limit=10)

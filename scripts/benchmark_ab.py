@@ -4,9 +4,10 @@
 
 Every batch is trained once under every setting, the settings taking turns step by step (their
 order reversed on every other batch), so drift of the machine and the batch mix hit all alike;
-prints target tokens/s per setting. Settings join flags with "+": ``bf16`` (the decoder's products
-in bf16, as trainer.amp=bf16 on an AMX CPU; otherwise float32), ``fused`` (fused Adam; otherwise
-PyTorch's default, a loop over tensors on CPU). To compare code changes, run it with one setting
+prints target tokens/s per setting. Settings join flags with "+": ``bf16`` (both RNNs' loop
+products and the vocabulary projection in bf16, through Seq2Seq.set_matmul_dtype, as trainer.amp=bf16
+on an AMX CPU; otherwise float32), ``fused`` (fused Adam; otherwise PyTorch's default, a loop over
+tensors on CPU). To compare code changes, run it with one setting
 from checkouts of both commits in turn (``git worktree add``), several times, alternating.
 """
 
@@ -32,7 +33,7 @@ def main() -> None:
 
     def apply(setting: str) -> None:
         flags = set(setting.split("+"))
-        trainer.model.decoder.matmul_dtype = torch.bfloat16 if "bf16" in flags else None
+        trainer.model.set_matmul_dtype(torch.bfloat16 if "bf16" in flags else None)
         for group in trainer.opt.param_groups:
             group["fused"] = "fused" in flags or None
 

@@ -9,12 +9,20 @@ from omegaconf import OmegaConf
 from nmt.config import TrainConfig
 from nmt.data.batching import collate
 from nmt.models.attention import ATTENTIONS
-from nmt.models.build import build_model
+from nmt.models.build import build_model, model_from_config
 
 V = 40
 
 
-def tiny_model(order: str, cell: str, feed: bool, attention: str = "bahdanau", layers: int = 1, tie: bool = False):
+def tiny_model(
+    order: str,
+    cell: str,
+    feed: bool,
+    attention: str = "bahdanau",
+    layers: int = 1,
+    tie: bool = False,
+    rnn_impl: str = "auto",
+):
     cfg = OmegaConf.structured(TrainConfig)
     cfg.encoder.update(cell=cell, emb_size=8, hidden_size=6, layers=layers, dropout=0.0)
     cfg.decoder.update(
@@ -23,7 +31,7 @@ def tiny_model(order: str, cell: str, feed: bool, attention: str = "bahdanau", l
     cfg.attention.name = attention
     if attention == "dot" or attention == "scaled_dot":
         cfg.decoder.hidden_size = 2 * cfg.encoder.hidden_size
-    return build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V).eval()
+    return build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V, rnn_impl=rnn_impl).eval()
 
 
 def random_batch(seed: int = 0):
@@ -88,12 +96,13 @@ def test_hand_written_cell_matches_torch_cell(cell, seeded):
     for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
         getattr(torch_cell, name).data.copy_(getattr(dec.rnn, f"{name}_l0").data)
     x, h = torch.randn(3, 8), torch.randn(3, 12)
-    gx = torch.nn.functional.linear(x, dec.rnn.weight_ih_l0, dec.rnn.bias_ih_l0)
+    weights = dec.rnn.step_weights()
+    gx = dec.rnn.first_gates(weights, x)
     if cell == "gru":
-        torch.testing.assert_close(dec._cell(gx, h, None, dec.loop_weights().hh[0])[0], torch_cell(x, h))
+        torch.testing.assert_close(dec.rnn.step(weights, gx, h[None])[0], torch_cell(x, h))
     else:
         c = torch.randn(3, 12)
-        got_h, got_c = dec._cell(gx, h, c, dec.loop_weights().hh[0])
+        got_h, got_c = (s[0] for s in dec.rnn.step(weights, gx, (h[None], c[None])))
         ref_h, ref_c = torch_cell(x, (h, c))
         torch.testing.assert_close(got_h, ref_h)
         torch.testing.assert_close(got_c, ref_c)
@@ -144,30 +153,19 @@ def loss_and_grads(model, b):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-class EagerLinear:
-    """The plain path that StepLinear replaces: F.linear per step, autograd accumulates ∂W per step."""
-
-    def __init__(self, weight, bias=None, dtype=None):
-        self.weight, self.bias = weight, bias
-
-    def __call__(self, x):
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-
-
 @pytest.mark.parametrize("order,cell,feed", CASES)
 @pytest.mark.parametrize("layers", [1, 2])
-def test_one_weight_gradient_per_pass_matches_per_step_autograd(order, cell, feed, layers, seeded, monkeypatch):
-    """Step-loop weights (StepLinear: ∂W once per pass, in the encoder and the decoder) give the eager
-    per-step loops' loss and gradients."""
-    import nmt.models.decoder
-    import nmt.models.encoder
-
-    model = tiny_model(order, cell, feed, layers=layers).train()
+def test_one_weight_gradient_per_pass_matches_per_step_autograd(order, cell, feed, layers, seeded):
+    """The ``loop`` RNNs (StepLinear: ∂W once per pass, in the encoder and the decoder) give the ``eager``
+    ones' (packed nn.GRU/nn.LSTM encoder, per-step F.linear decoder loop) logits, loss and gradients."""
+    model = tiny_model(order, cell, feed, layers=layers, rnn_impl="loop").train()
+    eager = tiny_model(order, cell, feed, layers=layers, rnn_impl="eager").train()
+    eager.load_state_dict(model.state_dict())
     b = random_batch()
     loss, grads = loss_and_grads(model, b)
-    monkeypatch.setattr(nmt.models.decoder, "StepLinear", EagerLinear)
-    monkeypatch.setattr(nmt.models.encoder, "StepLinear", EagerLinear)
-    ref_loss, ref_grads = loss_and_grads(model, b)
+    ref_loss, ref_grads = loss_and_grads(eager, b)
+    with torch.no_grad():
+        torch.testing.assert_close(model(b.src, b.src_len, b.tgt_in), eager(b.src, b.src_len, b.tgt_in))
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
     assert grads.keys() == ref_grads.keys()
     for n in ref_grads:
@@ -178,16 +176,30 @@ def test_one_weight_gradient_per_pass_matches_per_step_autograd(order, cell, fee
 def test_bf16_decoder_products_match_float32_loss_and_gradients(order, cell, feed, seeded):
     """The CPU fast path (vocabulary projection and both RNNs' step-loop GEMMs in bf16) stays within
     bf16 rounding of float32."""
-    model = tiny_model(order, cell, feed, layers=2).train()
+    model = tiny_model(order, cell, feed, layers=2, rnn_impl="loop").train()
     b = random_batch()
     loss32, g32 = loss_and_grads(model, b)
-    model.encoder.matmul_dtype = model.decoder.matmul_dtype = torch.bfloat16
+    model.set_matmul_dtype(torch.bfloat16)
     loss16, g16 = loss_and_grads(model, b)
     assert model.decoder.logits(torch.ones(1, 1, model.decoder.out_size)).dtype == torch.bfloat16
-    assert model.decoder.loop_weights().hh[0].w.dtype == torch.bfloat16
+    assert model.decoder.rnn.step_weights().hh[0].w.dtype == torch.bfloat16
+    assert model.encoder.rnn.matmul_dtype == torch.bfloat16
     assert loss16 != loss32  # the fast path really ran in bf16
     torch.testing.assert_close(loss16, loss32, rtol=1e-2, atol=1e-2)
     assert g16.keys() == g32.keys()
     for n in g32:
         scale = g32[n].abs().max().clamp_min(1e-3)
         assert (g16[n] - g32[n]).abs().max() / scale < 0.05, n
+
+
+def test_rnn_impl_comes_from_config_and_old_configs_get_auto():
+    """model.rnn_impl picks both RNNs' implementation; a checkpoint config from before the key existed
+    (no ``model`` section) builds with ``auto``, the loop on CPU."""
+    cfg = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
+    cfg["attention"]["name"] = "bahdanau"
+    cfg["model"] = {"rnn_impl": "eager"}
+    model = model_from_config(OmegaConf.create(cfg), V, V, "cpu")
+    assert (model.encoder.rnn.impl, model.decoder.rnn.impl) == ("eager", "eager")
+    del cfg["model"]
+    model = model_from_config(OmegaConf.create(cfg), V, V, "cpu")
+    assert (model.encoder.rnn.impl, model.decoder.rnn.impl) == ("loop", "loop")

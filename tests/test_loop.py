@@ -1,11 +1,11 @@
-"""StepLinear (one weight gradient per pass) against plain F.linear under autograd."""
+"""StepLinear (the ``loop`` RNNs' products: one weight gradient per pass) against plain F.linear under autograd."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.models import loop
-from nmt.models.loop import StepLinear
+from nmt.models import rnn as loop
+from nmt.models.rnn import StepLinear
 
 
 def recurrence(w, b, x0, h0, step_linear: bool, dtype=None):

@@ -4,25 +4,38 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import OmegaConf
 from torch import nn
 
 from nmt.errors import ConfigError
 from nmt.models.attention import build_attention
 from nmt.models.decoder import DECODERS, BahdanauDecoder, LuongDecoder
 from nmt.models.encoder import Encoder
+from nmt.models.rnn import resolve_impl
 from nmt.models.seq2seq import Seq2Seq
 
 
 def build_model(
-    encoder: Any, attention: Any, decoder: Any, src_vocab: int, tgt_vocab: int, init_range: float = 0.1
+    encoder: Any,
+    attention: Any,
+    decoder: Any,
+    src_vocab: int,
+    tgt_vocab: int,
+    init_range: float = 0.1,
+    rnn_impl: str = "auto",
+    device: Any = "cpu",
 ) -> Seq2Seq:
     """Assemble the model from the ``encoder``/``attention``/``decoder`` config sections.
+
+    ``rnn_impl`` (``model.rnn_impl``) picks how both RNNs are computed (nmt.models.rnn); ``auto``
+    is resolved here for ``device``, the device the model will run on.
 
     Parameters start uniform in ±``init_range`` (OpenNMT-py's RNN default), which trains
     markedly faster per update for GRU/LSTM NMT than Xavier initialisation.
     """
     if decoder.order not in DECODERS:
         raise ConfigError(f"decoder.order={decoder.order!r} is unknown; choose one of {sorted(DECODERS)}")
+    impl = resolve_impl(rnn_impl, device)
     key_size = 2 * encoder.hidden_size
     enc = Encoder(
         src_vocab,
@@ -34,6 +47,7 @@ def build_model(
         decoder.hidden_size,
         decoder.layers,
         decoder.cell,
+        impl,
     )
     options = {k: attention[k] for k in ("window", "score", "heads", "max_positions") if k in attention}
     attn = build_attention(attention.name, decoder.hidden_size, key_size, attention.dim, **options)
@@ -47,6 +61,7 @@ def build_model(
         attention=attn,
         key_size=key_size,
         tie_embeddings=decoder.tie_embeddings,
+        rnn_impl=impl,
     )
     if decoder.order == "luong":
         dec = LuongDecoder(**common, input_feeding=decoder.input_feeding)
@@ -58,6 +73,13 @@ def build_model(
     for emb in (enc.embed, dec.embed):
         emb.weight.data[emb.padding_idx].zero_()
     return model
+
+
+def model_from_config(cfg: Any, src_vocab: int, tgt_vocab: int, device: Any) -> Seq2Seq:
+    """``build_model`` from a whole train config, for ``device``. A checkpoint's config from before
+    ``model.rnn_impl`` existed has no ``model`` section: it gets ``auto``."""
+    rnn_impl = OmegaConf.select(cfg, "model.rnn_impl", default="auto")
+    return build_model(cfg.encoder, cfg.attention, cfg.decoder, src_vocab, tgt_vocab, rnn_impl=rnn_impl, device=device)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -5,11 +5,11 @@
 * Luong order (Luong et al. 2015): run the RNN, attend with the *current* state,
   attentional state h̃_t = tanh(W_c [c_t; h_t]); optionally fed to the next input.
 
-Speed is designed in: the RNN weights live in one ``nn.GRU``/``nn.LSTM`` so that
-Luong order without input feeding runs the whole target in one (cuDNN) call; step
-loops use the same weights through a hand-written cell so the embedding half of the
-input GEMM is computed once for all steps; per-step outputs are written into one
-buffer and the output projection runs once after the loop. ``step`` (used by search)
+Speed is designed in: the RNN (nmt.models.rnn, which decides how it is computed) keeps
+its weights in one ``nn.GRU``/``nn.LSTM`` so that Luong order without input feeding runs
+the whole target in one (cuDNN) call; step loops use the same weights through a
+hand-written cell so the embedding part of the input GEMM is computed once for all
+steps; per-step outputs are collected and the output projection runs once after the loop. ``step`` (used by search)
 and ``forward`` share the same cell code, and a test holds them to the same logits.
 """
 
@@ -18,33 +18,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nmt.data.tokenizer import PAD
 from nmt.errors import ConfigError
 from nmt.models.attention import Attention, AttentionState
-from nmt.models.encoder import RNNS, EncoderOutput, RNNState, check_cell
-from nmt.models.loop import StepLinear, rnn_cell
-
-
-@dataclass
-class LoopWeights:
-    """The decoder RNN's products, prepared once per pass (a teacher-forced pass, or a whole search)."""
-
-    emb: StepLinear  # layer 0's embedding half of the input GEMM (+ its bias), hoistable over steps
-    extra: StepLinear  # layer 0's context / fed-vector half of the input GEMM
-    ih: list[StepLinear]  # input GEMMs of layers 1..L-1
-    hh: list[StepLinear]  # hidden GEMMs of every layer
+from nmt.models.encoder import EncoderOutput, check_cell
+from nmt.models.rnn import RNN, RNNState, StepWeights
 
 
 @dataclass
 class DecoderState:
     hidden: RNNState  # [L, B, H] (GRU) or a pair of them (LSTM)
     attn: AttentionState
-    # The pass's RNN products, made once in init_state: batch-independent, so a search reuses them at
-    # every step and every beam reordering, and a teacher-forced pass gets one weight gradient each.
-    lw: LoopWeights
+    # The pass's RNN products (opaque, from RNN.step_weights), made once in init_state: batch-independent,
+    # so a search reuses them at every step and every beam reordering.
+    weights: StepWeights
     feed: torch.Tensor | None = None  # [B, O] last attentional vector (Luong input feeding)
 
     def index_select(self, idx: torch.Tensor) -> DecoderState:
@@ -54,7 +43,7 @@ class DecoderState:
         else:
             hidden = self.hidden.index_select(1, idx)
         feed = None if self.feed is None else self.feed.index_select(0, idx)
-        return DecoderState(hidden, self.attn.index_select(idx), self.lw, feed)
+        return DecoderState(hidden, self.attn.index_select(idx), self.weights, feed)
 
 
 def top(hidden: RNNState) -> torch.Tensor:
@@ -63,7 +52,7 @@ def top(hidden: RNNState) -> torch.Tensor:
 
 
 class Decoder(nn.Module):
-    """Shared parts: embeddings, the stacked RNN, attention, output layer, the step cell."""
+    """Shared parts: embeddings, the stacked RNN, attention, output layer, scheduled sampling."""
 
     def __init__(
         self,
@@ -78,21 +67,15 @@ class Decoder(nn.Module):
         extra_input: int,
         out_size: int,
         tie_embeddings: bool,
+        rnn_impl: str = "loop",
     ):
         super().__init__()
-        rnn = check_cell(cell, "decoder.cell")
-        self.lstm = cell == "lstm"
+        check_cell(cell, "decoder.cell")
         self.emb_size, self.hidden_size, self.layers = emb_size, hidden_size, layers
         self.key_size, self.out_size = key_size, out_size
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
         self.dropout = nn.Dropout(dropout)
-        self.rnn = rnn(
-            emb_size + extra_input,
-            hidden_size,
-            num_layers=layers,
-            batch_first=True,
-            dropout=dropout if layers > 1 else 0.0,
-        )
+        self.rnn = RNN(cell, emb_size + extra_input, hidden_size, layers, dropout, bidirectional=False, impl=rnn_impl)
         self.attention = attention
         self.out = nn.Linear(out_size, vocab_size)
         if tie_embeddings:
@@ -101,54 +84,23 @@ class Decoder(nn.Module):
                     f"decoder.tie_embeddings needs the output size {out_size} == decoder.emb_size {emb_size}"
                 )
             self.out.weight = self.embed.weight
-        # Precision of the decoder's products on CPUs with bf16 matrix units (None = the surrounding
-        # one), set by the trainer: the vocabulary projection and the step loop's GEMMs, which are
-        # most of a step's arithmetic. The loop's weights are cast once per pass; its state and gate
-        # maths stay float32 (whole-step autocast was slower: a cast per op per time step).
-        self.matmul_dtype: torch.dtype | None = None
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, O] → [B, T, V], once over all steps of a teacher-forced pass."""
-        if self.matmul_dtype is None:
+        """[B, T, O] → [B, T, V], once over all steps of a teacher-forced pass.
+
+        In the RNN's product dtype (bf16 on CPUs with matrix units, see Seq2Seq.set_matmul_dtype):
+        with the step loop's GEMMs, the vocabulary projection is most of a step's arithmetic.
+        """
+        dtype = self.rnn.matmul_dtype
+        if dtype is None:
             return self.out(x)
-        with torch.autocast(x.device.type, dtype=self.matmul_dtype):
+        with torch.autocast(x.device.type, dtype=dtype):
             return self.out(x)
-
-    # ---- the recurrent cell, shared by every loop and by search ----
-    def _w(self, name: str, layer: int) -> torch.Tensor:
-        return getattr(self.rnn, f"{name}_l{layer}")
-
-    def loop_weights(self) -> LoopWeights:
-        """The RNN's products for one pass (one weight gradient each; see nmt.models.loop)."""
-        dt = self.matmul_dtype
-        return LoopWeights(
-            emb=StepLinear(self._w("weight_ih", 0)[:, : self.emb_size], self._w("bias_ih", 0), dt),
-            extra=StepLinear(self._w("weight_ih", 0)[:, self.emb_size :], dtype=dt),
-            ih=[StepLinear(self._w("weight_ih", k), self._w("bias_ih", k), dt) for k in range(1, self.layers)],
-            hh=[StepLinear(self._w("weight_hh", k), self._w("bias_hh", k), dt) for k in range(self.layers)],
-        )
-
-    def _cell(self, gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, hh: StepLinear):
-        """One GRU/LSTM cell step from precomputed input gates gx [B, G*H]."""
-        return rnn_cell(gx, hh(h), h, c)
-
-    def rnn_step(self, gx0: torch.Tensor, hidden: RNNState, lw: LoopWeights) -> RNNState:
-        """Advance every layer one step; gx0 [B, G*H] are layer 0's input gates."""
-        hs, cs = hidden if self.lstm else (hidden, None)
-        new_h, new_c = [], []
-        gx = gx0
-        for layer in range(self.layers):
-            h, c = self._cell(gx, hs[layer], None if cs is None else cs[layer], lw.hh[layer])
-            new_h.append(h)
-            new_c.append(c)
-            if layer + 1 < self.layers:
-                gx = lw.ih[layer](F.dropout(h, self.rnn.dropout, self.training))
-        h_out = torch.stack(new_h)
-        return (h_out, torch.stack(new_c)) if self.lstm else h_out
 
     # ---- interface ----
     def init_state(self, enc: EncoderOutput) -> DecoderState:
-        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask), self.loop_weights())
+        weights = self.rnn.step_weights(split=self.emb_size)  # embedding | context / fed vector
+        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask), weights)
 
     def step(self, y_prev: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
         """y_prev [B] → (logits [B, V], new state, attention weights [B, S])."""
@@ -195,6 +147,7 @@ class BahdanauDecoder(Decoder):
         attention: Attention,
         key_size: int,
         tie_embeddings: bool,
+        rnn_impl: str = "loop",
     ):
         out_size = emb_size if tie_embeddings else hidden_size
         super().__init__(
@@ -209,6 +162,7 @@ class BahdanauDecoder(Decoder):
             extra_input=key_size,
             out_size=out_size,
             tie_embeddings=tie_embeddings,
+            rnn_impl=rnn_impl,
         )
         self.readout = nn.Linear(hidden_size + key_size + emb_size, out_size)
 
@@ -217,12 +171,12 @@ class BahdanauDecoder(Decoder):
 
     def _core(self, gx_emb: torch.Tensor, state: DecoderState):
         ctx, w = self.attention(top(state.hidden), state.attn)  # [B, K], [B, S]
-        hidden = self.rnn_step(gx_emb + state.lw.extra(ctx), state.hidden, state.lw)
-        return ctx, w, DecoderState(hidden, self.attention.advance(state.attn, w), state.lw)
+        hidden = self.rnn.step(state.weights, gx_emb, state.hidden, ctx)
+        return ctx, w, DecoderState(hidden, self.attention.advance(state.attn, w), state.weights)
 
     def step(self, y_prev, state):
         emb = self.dropout(self.embed(y_prev))  # [B, E]
-        ctx, w, state = self._core(state.lw.emb(emb), state)
+        ctx, w, state = self._core(self.rnn.first_gates(state.weights, emb), state)
         return self.out(self._readout(top(state.hidden), ctx, emb)), state, w
 
     def _teacher_forced(self, tgt_in, enc):
@@ -231,7 +185,7 @@ class BahdanauDecoder(Decoder):
         # gx[:, t] instead would make backward zero-fill and add a full [B, T, G*H] gradient per step.
         state = self.init_state(enc)
         hs, ctxs, ws = [], [], []
-        for gx_t in state.lw.emb(emb).unbind(1):  # [B, G*H] each
+        for gx_t in self.rnn.first_gates(state.weights, emb).unbind(1):  # [B, G*H] each
             ctx, w, state = self._core(gx_t, state)
             ctxs.append(ctx)
             ws.append(w)
@@ -256,6 +210,7 @@ class LuongDecoder(Decoder):
         key_size: int,
         tie_embeddings: bool,
         input_feeding: bool,
+        rnn_impl: str = "loop",
     ):
         out_size = emb_size if tie_embeddings else hidden_size
         super().__init__(
@@ -270,6 +225,7 @@ class LuongDecoder(Decoder):
             extra_input=out_size if input_feeding else 0,
             out_size=out_size,
             tie_embeddings=tie_embeddings,
+            rnn_impl=rnn_impl,
         )
         self.input_feeding = input_feeding
         self.combine = nn.Linear(key_size + hidden_size, out_size, bias=False)
@@ -285,15 +241,14 @@ class LuongDecoder(Decoder):
         return state
 
     def _core(self, gx_emb: torch.Tensor, state: DecoderState):
-        gx = gx_emb + state.lw.extra(state.feed) if self.input_feeding else gx_emb
-        hidden = self.rnn_step(gx, state.hidden, state.lw)
+        hidden = self.rnn.step(state.weights, gx_emb, state.hidden, state.feed)
         att, w = self._attend(top(hidden), state.attn)
         attn = self.attention.advance(state.attn, w)
-        return att, w, DecoderState(hidden, attn, state.lw, att if self.input_feeding else None)
+        return att, w, DecoderState(hidden, attn, state.weights, att if self.input_feeding else None)
 
     def step(self, y_prev, state):
         emb = self.dropout(self.embed(y_prev))  # [B, E]
-        att, w, state = self._core(state.lw.emb(emb), state)
+        att, w, state = self._core(self.rnn.first_gates(state.weights, emb), state)
         return self.out(att), state, w
 
     def _teacher_forced(self, tgt_in, enc):
@@ -306,7 +261,7 @@ class LuongDecoder(Decoder):
             return self.logits(att), ws
         state = self.init_state(enc)
         atts, ws = [], []
-        for gx_t in state.lw.emb(emb).unbind(1):  # hoisted embedding gates, one view per step
+        for gx_t in self.rnn.first_gates(state.weights, emb).unbind(1):  # hoisted embedding gates, one view per step
             att, w, state = self._core(gx_t, state)
             atts.append(att)
             ws.append(w)
@@ -314,4 +269,4 @@ class LuongDecoder(Decoder):
 
 
 DECODERS = {"bahdanau": BahdanauDecoder, "luong": LuongDecoder}
-__all__ = ["DECODERS", "BahdanauDecoder", "Decoder", "DecoderState", "LuongDecoder", "RNNS"]
+__all__ = ["DECODERS", "BahdanauDecoder", "Decoder", "DecoderState", "LuongDecoder"]

@@ -11,6 +11,7 @@ from nmt.data.tokenizer import PAD
 from nmt.models.decoder import Decoder, DecoderState
 from nmt.models.encoder import Encoder, EncoderOutput
 from nmt.models.loss import label_smoothed_nll
+from nmt.models.rnn import RNN
 
 
 class Seq2Seq(nn.Module):
@@ -19,8 +20,12 @@ class Seq2Seq(nn.Module):
         self.encoder, self.decoder = encoder, decoder
 
     def set_matmul_dtype(self, dtype: torch.dtype | None) -> None:
-        """Dtype of the big matrix products on CPU (None = the surrounding one); nmt.training.build_precision."""
-        self.encoder.matmul_dtype = self.decoder.matmul_dtype = dtype
+        """Dtype of the big matrix products on CPU (None = the surrounding one): both RNNs' step-loop
+        GEMMs and the decoder's vocabulary projection, which follows its RNN. The one place that sets
+        it (nmt.training.build_precision, the benchmarks): whole-step autocast on CPU was slower."""
+        for m in self.modules():
+            if isinstance(m, RNN):
+                m.matmul_dtype = dtype
 
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> EncoderOutput:
         return self.encoder(src, src_len)

@@ -1,0 +1,326 @@
+"""The one room that knows how an RNN is computed: a stacked (bi)directional GRU/LSTM whose
+implementation is chosen once, at build time (``model.rnn_impl``).
+
+Encoder and decoder describe *what* recurrence they need (a bidirectional encoder over padded
+sentences; a decoder advanced one step at a time from precomputed input gates); this module
+decides *how*. The parameters always live in one ``nn.GRU``/``nn.LSTM`` (``RNN`` is an
+``nn.RNNBase``), so cuDNN can use them and checkpoints keep their ``weight_ih_l0``-style keys.
+
+Implementations (``IMPLS``):
+
+* ``eager``: plain PyTorch. nn.GRU/nn.LSTM over packed sequences for the encoder; the decoder's
+  step loop is the hand-written cell (``rnn_cell``) with ``F.linear`` and ordinary autograd.
+* ``loop``: the CPU fast path. The encoder runs explicit step loops too, and every product of a
+  loop is a ``StepLinear`` (below): one weight gradient per pass, optionally in bf16.
+* ``cudnn``: nn.GRU/nn.LSTM over packed sequences (one cuDNN call per layer on GPU). The decoder's
+  step loop, which attention makes step-by-step, keeps ``StepLinear``: cuDNN has no per-step
+  entry point, and one weight-gradient GEMM per pass instead of T thin ones (what cuDNN's own
+  backward does) saves T-1 kernel launches per weight on a GPU too: today's CUDA behaviour.
+* ``auto``: ``loop`` on CPU, ``cudnn`` on CUDA (``resolve_impl``, a pure function of the device).
+
+``StepLinear``: autograd treats a weight used at T time steps as T separate uses: backward runs T
+thin weight-gradient GEMMs ([O, B] · [B, I]) and adds each into the accumulated gradient (plus,
+for a weight that is a slice of a bigger parameter, a zero-filled full-size copy per step).
+cuDNN's RNNs instead keep every step's input and compute the weight gradient once, as one
+GEMM over all B·T rows. ``StepLinear`` does the same for the hand-written step loops: each
+step's backward only propagates to its input and records its output gradient; a node that
+autograd runs after all of them (every step depends on it) computes the weight gradient.
+It can also run the products in a lower precision (bf16 on CPUs with matrix units): the
+weight is cast once per pass instead of once per step, and inputs/outputs are cast at the
+product only, so the recurrent state and the element-wise gate maths stay in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.errors import ConfigError
+
+IMPLS = ("auto", "cudnn", "eager", "loop")
+CELLS = ("gru", "lstm")
+
+# A recurrent state: h [L·D, B, H] for GRU, (h, c) for LSTM.
+RNNState = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def resolve_impl(impl: str, device: Any = "cpu") -> str:
+    """``model.rnn_impl`` and the model's device → ``eager``, ``loop`` or ``cudnn``.
+
+    ``auto`` is today's fastest choice per device: the step loops on CPU (PyTorch's packed CPU
+    RNN backward is about half as fast for model R, docs/benchmarks.md), cuDNN on CUDA.
+    """
+    if impl not in IMPLS:
+        raise ConfigError(f"model.rnn_impl={impl!r} is unknown; choose one of {', '.join(IMPLS)}")
+    if impl != "auto":
+        return impl
+    return "cudnn" if torch.device(device).type == "cuda" else "loop"
+
+
+class _Tape:
+    """Every step's input (forward order) and output gradient (filled in by backward)."""
+
+    def __init__(self) -> None:
+        self.xs: list[torch.Tensor] = []  # [n, I] each
+        self.gs: dict[int, torch.Tensor] = {}  # step index → [n, O]
+
+
+class _WeightGrad(torch.autograd.Function):
+    """Forward: an empty token that every step takes as input. Backward: runs once all steps'
+    backwards have (autograd waits for every consumer), so it sees the whole tape."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, tape: _Tape) -> torch.Tensor:
+        ctx.tape, ctx.dtype = tape, weight.dtype
+        ctx.set_materialize_grads(False)
+        return weight.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _unused):
+        tape = ctx.tape
+        if not tape.gs:
+            return None, None
+        steps = sorted(tape.gs)
+        x = torch.cat([tape.xs[i] for i in steps])  # [N, I], N = rows of all steps
+        g = torch.cat([tape.gs[i] for i in steps])  # [N, O]
+        tape.xs, tape.gs = [], {}
+        return (g.t() @ x).to(ctx.dtype), None  # [O, I]
+
+
+class _Step(torch.autograd.Function):
+    """y = x Wᵀ for one step; backward gives only ∂/∂x and leaves ∂/∂W to the tape."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, token: torch.Tensor, w: torch.Tensor, tape: _Tape) -> torch.Tensor:
+        xc = x.to(w.dtype)
+        ctx.w, ctx.tape, ctx.index = w, tape, len(tape.xs)
+        tape.xs.append(xc.reshape(-1, xc.size(-1)))
+        return F.linear(xc, w).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        gc = g.to(ctx.w.dtype)
+        ctx.tape.gs[ctx.index] = gc.reshape(-1, gc.size(-1))
+        return (gc @ ctx.w).to(g.dtype), None, None, None
+
+
+class StepLinear:
+    """x [.., I] → x Wᵀ + b [.., O], for a weight used at every step of one forward pass.
+
+    Build one per pass (the tape belongs to that pass's graph). Without autograd (search,
+    validation) it is a plain ``F.linear`` in ``dtype``.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype | None = None):
+        self.bias = bias
+        self.w = weight.detach().to(dtype or weight.dtype)  # cast once per pass
+        self.taped = torch.is_grad_enabled() and weight.requires_grad
+        if self.taped:
+            self.tape = _Tape()
+            self.token = _WeightGrad.apply(weight, self.tape)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.taped:
+            y = _Step.apply(x, self.token, self.w, self.tape)
+        else:
+            y = F.linear(x.to(self.w.dtype), self.w).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+class EagerLinear:
+    """x [.., I] → x Wᵀ + b [.., O] with ordinary autograd (∂W accumulated per step): the plain
+    version of ``StepLinear``, with the same interface and the same once-per-pass cast."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype | None = None):
+        self.bias = bias
+        self.w = weight.to(dtype or weight.dtype)  # differentiable cast, once per pass
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x.to(self.w.dtype), self.w).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+def rnn_cell(
+    gx: torch.Tensor, gh: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One GRU (c is None) or LSTM step from input gates gx and hidden gates gh [B, G*H]
+    (PyTorch's equations and gate order, so nn.GRU/nn.LSTM weights plug in unchanged)."""
+    if c is not None:
+        i, f, g, o = (gx + gh).chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+    xr, xz, xn = gx.chunk(3, dim=1)
+    hr, hz, hn = gh.chunk(3, dim=1)
+    r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+    n = torch.tanh(xn + r * hn)
+    return n + z * (h - n), None
+
+
+@dataclass
+class StepWeights:
+    """One pass's products of a step-by-step RNN (a teacher-forced pass, or a whole search).
+
+    Opaque to callers: made by ``RNN.step_weights``, used by ``RNN.input_gates``/``RNN.step``.
+    Batch-independent, so a search reuses it at every step and every beam reordering.
+    """
+
+    first: Any  # layer 0's first ``split`` input columns (+ the input bias), hoistable over steps
+    rest: Any | None  # layer 0's remaining input columns (context / fed vector), or None
+    ih: list  # input products of layers 1..L-1
+    hh: list  # hidden products of every layer
+
+
+class RNN(nn.RNNBase):
+    """A stacked (bi)directional GRU/LSTM (batch first), computed by the implementation ``impl``.
+
+    Its parameters are exactly an ``nn.GRU``/``nn.LSTM``'s (same names, shapes and gate order), so
+    ``nn.GRU.forward``/``nn.LSTM.forward`` run on it unchanged (cuDNN on GPU).
+    """
+
+    def __init__(
+        self,
+        cell: str,
+        input_size: int,
+        hidden_size: int,
+        layers: int,
+        dropout: float,
+        bidirectional: bool,
+        impl: str,
+    ):
+        if impl not in IMPLS[1:]:
+            raise ValueError(f"RNN impl {impl!r}: resolve it first (resolve_impl)")
+        super().__init__(
+            cell.upper(),
+            input_size,
+            hidden_size,
+            num_layers=layers,
+            batch_first=True,
+            dropout=dropout if layers > 1 else 0.0,
+            bidirectional=bidirectional,
+        )
+        self.impl, self.lstm = impl, cell == "lstm"
+        # Dtype of the loops' products (None = the surrounding one); only Seq2Seq.set_matmul_dtype
+        # sets it. The weights are cast once per pass; state and gate maths stay float32.
+        self.matmul_dtype: torch.dtype | None = None
+
+    @property
+    def _torch(self) -> type[nn.RNNBase]:
+        return nn.LSTM if self.lstm else nn.GRU
+
+    def forward(self, x: torch.Tensor, hx: RNNState | None = None):
+        """nn.GRU/nn.LSTM's forward (x [B, T, I] or packed) on these parameters."""
+        return self._torch.forward(self, x, hx)
+
+    # nn.LSTM's forward calls these LSTM-specific overrides (a pair of states).
+    def get_expected_cell_size(self, input, batch_sizes):  # noqa: A002
+        return self._torch.get_expected_cell_size(self, input, batch_sizes)
+
+    def check_forward_args(self, input, hidden, batch_sizes):  # noqa: A002
+        return self._torch.check_forward_args(self, input, hidden, batch_sizes)
+
+    def permute_hidden(self, hx, permutation):
+        return self._torch.permute_hidden(self, hx, permutation)
+
+    def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        cls = EagerLinear if self.impl == "eager" else StepLinear
+        return cls(weight, bias, self.matmul_dtype)
+
+    def _w(self, name: str, layer: int, reverse: bool = False) -> torch.Tensor:
+        return getattr(self, f"{name}_l{layer}{'_reverse' if reverse else ''}")
+
+    # ---- the encoder: whole padded sentences ----
+    def encode(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, RNNState]:
+        """x [B, S, I], lengths [B] → outputs [B, S, D·H] (0 at padding), final states [L·D, B, H].
+
+        ``loop`` runs explicit step loops: on CPUs PyTorch's packed RNN backward zero-fills and adds
+        a full [N, G*H] input-gate gradient per time step, which the loop avoids (about twice as
+        fast for model R's encoder, docs/benchmarks.md). The others call nn.GRU/nn.LSTM.
+        """
+        if self.impl == "loop":
+            return self._step_loop(x, lengths)
+        return self._packed(x, lengths)
+
+    def _packed(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, RNNState]:
+        """nn.GRU/nn.LSTM over packed sequences: → outputs [B, S, D·H] (0 at padding), final states."""
+        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, final = self(packed)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.size(1))  # [B, S, D·H]
+        return out, final
+
+    def _step_loop(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, RNNState]:
+        """The same RNN as explicit step loops; the same outputs and final states as ``_packed``.
+        The backward direction runs over each sentence reversed within its length, so padding
+        only ever follows a sentence and no step needs a mask."""
+        b, s, _ = x.shape
+        last = (lengths.to(x.device) - 1).unsqueeze(1)  # [B, 1] position of each sentence's last token
+        pos = torch.arange(s, device=x.device).unsqueeze(0)  # [1, S]
+        rev = torch.where(pos <= last, last - pos, pos).unsqueeze(-1)  # [B, S, 1] reversal within length
+        real = (pos <= last).unsqueeze(-1)  # [B, S, 1]
+
+        def flip(t: torch.Tensor) -> torch.Tensor:  # [B, S, X], its own inverse
+            return t.gather(1, rev.expand_as(t))
+
+        rows, finals_h, finals_c = torch.arange(b, device=x.device), [], []
+        for layer in range(self.num_layers):
+            outs = []
+            for reverse in (False, True) if self.bidirectional else (False,):
+                w = {k: self._w(k, layer, reverse) for k in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")}
+                gx = self._linear(w["weight_ih"], w["bias_ih"])(flip(x) if reverse else x)  # hoisted
+                hh = self._linear(w["weight_hh"], w["bias_hh"])
+                h = x.new_zeros(b, self.hidden_size)
+                c = torch.zeros_like(h) if self.lstm else None
+                hs, cs = [], []
+                for gx_t in gx.unbind(1):
+                    h, c = rnn_cell(gx_t, hh(h), h, c)
+                    hs.append(h)
+                    cs.append(c)
+                out = torch.stack(hs, 1)  # [B, S, H] in this direction's order
+                finals_h.append(out[rows, last.squeeze(1)])
+                if self.lstm:
+                    finals_c.append(torch.stack(cs, 1)[rows, last.squeeze(1)])
+                outs.append(flip(out) if reverse else out)
+            x = torch.cat(outs, -1) * real  # [B, S, D·H], 0 at padding like pad_packed_sequence
+            if layer + 1 < self.num_layers:
+                x = F.dropout(x, self.dropout, self.training)
+        h = torch.stack(finals_h)  # [L·D, B, H]: layer by layer, forward then backward, as nn.GRU orders them
+        return x, ((h, torch.stack(finals_c)) if self.lstm else h)
+
+    # ---- the decoder: one step at a time ----
+    def step_weights(self, split: int | None = None) -> StepWeights:
+        """This pass's products for ``step``. ``split`` cuts layer 0's input in two, [first; rest]
+        (e.g. embedding | context), so the first part's gates can be computed for all steps at once."""
+        w0, b0 = self._w("weight_ih", 0), self._w("bias_ih", 0)
+        return StepWeights(
+            first=self._linear(w0[:, :split], b0),
+            rest=None if split is None or split == self.input_size else self._linear(w0[:, split:]),
+            ih=[self._linear(self._w("weight_ih", k), self._w("bias_ih", k)) for k in range(1, self.num_layers)],
+            hh=[self._linear(self._w("weight_hh", k), self._w("bias_hh", k)) for k in range(self.num_layers)],
+        )
+
+    def first_gates(self, sw: StepWeights, first: torch.Tensor) -> torch.Tensor:
+        """Layer 0's input gates from the first input part: [.., split] → [.., G*H] (any leading
+        shape, e.g. [B, T, E] for all steps of a teacher-forced pass at once)."""
+        return sw.first(first)
+
+    def step(
+        self, sw: StepWeights, gx_first: torch.Tensor, hidden: RNNState, rest: torch.Tensor | None = None
+    ) -> RNNState:
+        """Advance every layer one step (unidirectional): gx_first [B, G*H] from ``first_gates``, rest
+        [B, I - split] this step's remaining input (None when there is none), hidden [L, B, H]
+        (a pair for LSTM) → the new hidden."""
+        hs, cs = hidden if self.lstm else (hidden, None)
+        new_h, new_c = [], []
+        gx = gx_first if rest is None else gx_first + sw.rest(rest)
+        for layer in range(self.num_layers):
+            h, c = rnn_cell(gx, sw.hh[layer](hs[layer]), hs[layer], None if cs is None else cs[layer])
+            new_h.append(h)
+            new_c.append(c)
+            if layer + 1 < self.num_layers:
+                gx = sw.ih[layer](F.dropout(h, self.dropout, self.training))
+        h_out = torch.stack(new_h)
+        return (h_out, torch.stack(new_c)) if self.lstm else h_out
