@@ -267,6 +267,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.optimizer": ("adam", "adamw"),
     "trainer.scheduler": ("constant", "warmup_decay", "plateau"),
     "trainer.amp": ("none", "bf16", "fp16"),
+    "model.rnn_impl": ("auto", "eager", "loop", "cudnn"),  # nmt.models.rnn.IMPLS
     "wandb.mode": ("auto", "online", "offline", "disabled"),
 }
 

@@ -48,9 +48,9 @@ What a CPU-only torch (2.13.0+cpu) cannot check, and why:
   search steps and the beam reordering, the GPU run the whole search.
 - **DDP with NCCL**: no NCCL backend in a CPU build; ``gpu_check.sh`` runs torchrun on the GPU.
 
-Once ``model.rnn_impl`` lands (issue 12, the RNN room), ``build`` below should take the
-implementation and these tests be parametrised over ``cudnn`` and ``auto`` (both must take the
-packed path on CUDA), and over ``loop`` to check the CPU fast path's products under CUDA autocast.
+The forward test runs over every ``model.rnn_impl``: ``auto`` and ``cudnn`` must take the packed
+path on CUDA, ``loop`` (the CPU fast path, forced onto a GPU) must not, and all keep their GEMMs
+in bf16 under CUDA autocast.
 """
 
 from __future__ import annotations
@@ -93,9 +93,10 @@ def tiny_cfg(cell: str = "gru", order: str = "bahdanau", layers: int = 2):
     return cfg
 
 
-def build(cell: str = "gru", order: str = "bahdanau"):
+def build(cell: str = "gru", order: str = "bahdanau", impl: str = "auto"):
+    """A tiny model whose RNN implementation is resolved for a CUDA device (``auto`` → ``cudnn``)."""
     cfg = tiny_cfg(cell, order)
-    return build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V)
+    return build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V, rnn_impl=impl, device="cuda")
 
 
 def batch():
@@ -221,11 +222,12 @@ def ids(t: torch.Tensor, fake: bool) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=CUDA) if fake else t.to(CUDA)
 
 
+@pytest.mark.parametrize("impl", ["auto", "cudnn", "loop"])
 @pytest.mark.parametrize("cell,order", [("gru", "bahdanau"), ("lstm", "bahdanau"), ("gru", "luong"), ("lstm", "luong")])
-def test_bf16_forward_and_loss_on_cuda(cell, order):
-    """The training forward under the step's own autocast: packed encoder, bf16 GEMMs, float32
-    summed loss, everything on the device, and not one host read."""
-    model, b = build(cell, order), batch()
+def test_bf16_forward_and_loss_on_cuda(cell, order, impl):
+    """The training forward under the step's own autocast: packed encoder (unless ``loop`` is
+    forced), bf16 GEMMs, float32 summed loss, everything on the device, and not one host read."""
+    model, b = build(cell, order, impl), batch()
     with on_cuda() as fake:
         model = cuda_copy(model, fake)
         precision = build_precision("bf16", CUDA, model)
@@ -235,8 +237,9 @@ def test_bf16_forward_and_loss_on_cuda(cell, order):
             logits, att = model(src, b.src_len, tgt_in)
             loss = nll_loss(logits, tgt_out, 0.1)
     assert precision.autocast_dtype == torch.bfloat16 and not precision.scaler.is_enabled()
-    assert shim.packed, "the encoder did not take the packed (cuDNN) path on CUDA"
-    assert fake or shim.ran(aten._cudnn_rnn.default), "nn.GRU/LSTM did not run cuDNN"
+    packed = impl != "loop"
+    assert shim.packed == packed, f"rnn_impl={impl}: packed (cuDNN) path taken: {shim.packed}"
+    assert fake or not packed or shim.ran(aten._cudnn_rnn.default), "nn.GRU/LSTM did not run cuDNN"
     assert logits.shape == (3, b.tgt_in.size(1), V) and att.shape == (3, b.tgt_in.size(1), b.src.size(1))
     assert logits.device == loss.device == CUDA
     assert loss.dtype == torch.float32 and loss.dim() == 0
