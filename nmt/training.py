@@ -7,6 +7,7 @@ Also: which config changes a resumed run may make, and which earlier run a bare
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
@@ -84,23 +85,10 @@ def build_precision(amp: str, device: torch.device, model: Seq2Seq) -> Precision
 
 
 def build_schedule(t: Any) -> Schedule:
+    """The ``trainer.*`` keys the loop reads, as plain values (Schedule's fields are named after them)."""
     if t.accum_steps < 1:
         raise ConfigError(f"trainer.accum_steps={t.accum_steps}: expected an integer >= 1")
-    return Schedule(
-        accum_steps=t.accum_steps,
-        clip_grad=t.clip_grad,
-        label_smoothing=t.label_smoothing,
-        teacher_forcing=t.teacher_forcing,
-        max_steps=t.max_steps,
-        max_minutes=t.max_minutes,
-        max_epochs=t.max_epochs,
-        max_bad_steps=t.max_bad_steps,
-        valid_every=t.valid_every,
-        valid_minutes=t.valid_minutes,
-        checkpoint_minutes=t.checkpoint_minutes,
-        log_every=t.log_every,
-        log_seconds=t.log_seconds,
-    )
+    return Schedule(**{f.name: getattr(t, f.name) for f in dataclasses.fields(Schedule)})
 
 
 def build_trainer(

@@ -43,12 +43,19 @@ def env(cache: Path) -> dict:
 
 
 def run_module(
-    module: str, args: list[str], cache: Path, stdin: str | None = None, timeout: int = 600, check: bool = True
+    module: str,
+    args: list[str],
+    cache: Path,
+    stdin: str | None = None,
+    timeout: int = 600,
+    check: bool = True,
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess:
+    """``python -m module args`` as a user runs it (from ``cwd``, the repository by default)."""
     proc = subprocess.run(
         [sys.executable, "-m", module, *args],
-        cwd=REPO,
-        env=env(cache),
+        cwd=cwd,
+        env={**env(cache), "PYTHONPATH": str(REPO)},
         input=stdin,
         capture_output=True,
         text=True,

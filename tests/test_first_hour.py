@@ -25,23 +25,25 @@ QUIET = [*TINY, "trainer.valid_every=100000"]
 
 def train_in(cwd: Path, args: list[str], cache: Path, check: bool = True, timeout: int = 300):
     """``python -m nmt.train`` with ``cwd`` as the working directory (where outputs/ goes)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "nmt.train", *args],
-        cwd=cwd,
-        env={**env(cache), "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return proc
+    return run_module("nmt.train", args, cache, timeout=timeout, check=check, cwd=cwd)
 
 
-def test_first_lines_name_the_run_and_progress_lines_carry_eta(tmp_path, sample_dir):
+def test_a_short_run_names_its_folder_shows_eta_keeps_wandb_quiet_and_stores_checkpoints_once(tmp_path, sample_dir):
+    """One tiny run, several first-hour promises: the run directory in line 1, timestamped progress
+    lines with % done and ETA, an end that says why and how to translate, no wandb console chatter
+    (wandb.mode=offline still logs), and checkpoints that take little more than the largest file."""
     run = tmp_path / "run"
     args = [f"data.dir={sample_dir}", *QUIET, "trainer.max_steps=40", "trainer.log_every=20", f"hydra.run.dir={run}"]
-    proc = run_module("nmt.train", args, tmp_path / "cache")
+    e = {k: v for k, v in env(tmp_path / "cache").items() if k != "WANDB_MODE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "nmt.train", *args, "wandb.mode=offline"],
+        cwd=REPO,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stderr.splitlines()
     assert f"run directory: {run}" in lines[0]
     progress = [x for x in lines if re.search(r"step (20|40)  epoch", x)]
@@ -51,6 +53,14 @@ def test_first_lines_name_the_run_and_progress_lines_carry_eta(tmp_path, sample_
     tail = "\n".join(lines[-4:])
     assert "stopping: reached trainer.max_steps=40" in tail
     assert f"python -m nmt.translate checkpoint={run}/checkpoints/best.pt" in tail
+    assert list((run / "wandb").glob("offline-run-*")), "nothing logged to wandb"
+    chatter = [x for x in (proc.stdout + proc.stderr).splitlines() if "wandb" in x.lower() and "[nmt" not in x]
+    assert chatter == [], chatter
+    files = list((run / "checkpoints").iterdir())
+    assert {f.name for f in files} == {"last.pt", "best.pt"}
+    assert disk_usage(run / "checkpoints") <= 1.5 * max(f.stat().st_size for f in files)
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=False)
+    assert "optimizer" not in best and "model" in best  # weights only: enough to translate
 
 
 def test_validation_interval_from_minutes_is_kept_on_resume(tmp_path, sample_dir):
@@ -111,7 +121,7 @@ def test_interrupt_prints_the_exact_resume_command(tmp_path, sample_dir):
     proc = popen_module("nmt.train", [f"data.dir={sample_dir}", *QUIET, f"hydra.run.dir={run}"], tmp_path / "cache")
     deadline = time.monotonic() + 120
     log = run / "train.log"
-    while time.monotonic() < deadline and not (log.is_file() and "training until" in log.read_text()):
+    while time.monotonic() < deadline and not (log.is_file() and "Ctrl-C saves a checkpoint" in log.read_text()):
         time.sleep(0.2)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
@@ -166,16 +176,6 @@ def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_d
     assert "skipped" in proc.stderr and "broken" in proc.stderr and "`broken`" in report
 
 
-def test_checkpoints_of_a_short_run_take_little_more_than_the_largest_file(tmp_path, sample_dir):
-    run = tmp_path / "run"
-    run_module("nmt.train", [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=30", f"hydra.run.dir={run}"], tmp_path)
-    files = list((run / "checkpoints").iterdir())
-    assert {f.name for f in files} == {"last.pt", "best.pt"}
-    assert disk_usage(run / "checkpoints") <= 1.5 * max(f.stat().st_size for f in files)
-    best = torch.load(run / "checkpoints" / "best.pt", weights_only=False)
-    assert "optimizer" not in best and "model" in best  # weights only: enough to translate
-
-
 def test_translate_refuses_a_missing_output_folder_and_reports_binary_lines(trained, tmp_path):
     run, cache, _ = trained
     best = f"{run}/checkpoints/best.pt"
@@ -186,19 +186,6 @@ def test_translate_refuses_a_missing_output_folder_and_reports_binary_lines(trai
     proc = run_module("nmt.translate", [f"checkpoint={best}", f"input={src}", f"output={tmp_path}/out.txt"], cache)
     assert "2 line(s) hold NUL bytes or bytes that are not UTF-8" in proc.stderr and "lines 2, 4" in proc.stderr
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 4
-
-
-def test_wandb_offline_keeps_the_console_quiet(tmp_path, sample_dir):
-    run = tmp_path / "run"
-    args = [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=10", "wandb.mode=offline", f"hydra.run.dir={run}"]
-    e = {k: v for k, v in env(tmp_path / "cache").items() if k != "WANDB_MODE"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "nmt.train", *args], cwd=REPO, env=e, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert list((run / "wandb").glob("offline-run-*")), "nothing logged to wandb"
-    chatter = [x for x in (proc.stdout + proc.stderr).splitlines() if "wandb" in x.lower() and "[nmt" not in x]
-    assert chatter == [], chatter
 
 
 def test_the_resume_hint_replaces_the_limit_it_asks_to_raise():
