@@ -12,7 +12,8 @@ TORCH=${PYTORCH_SPEC:-torch==2.13.0}
 .venv/bin/python -m pip install -q "$TORCH"
 constraint=$(mktemp)
 trap 'rm -f "$constraint"' EXIT
-.venv/bin/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraint"
+# (read from the package metadata: importing torch before numpy is installed prints a NumPy warning)
+.venv/bin/python -c "from importlib.metadata import version; print('torch==' + version('torch').split('+')[0])" > "$constraint"
 # PYTHONWARNINGS: setuptools prints boxed notes about editable installs that say nothing to act on.
 PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -c "$constraint" -e ".[dev]"
 .venv/bin/python -c "import torch, nmt; print('nmt installed in .venv with torch', torch.__version__)"
