@@ -81,6 +81,9 @@ COMMANDS = {
                 "data.dir",
                 "trainer.max_steps",
                 "trainer.max_minutes",
+                "trainer.patience",
+                "trainer.valid_minutes",
+                "trainer.checkpoint_minutes",
                 "trainer.lr",
                 "trainer.amp",
                 "trainer.resume",
@@ -88,6 +91,7 @@ COMMANDS = {
                 "encoder.hidden_size",
                 "decoder.hidden_size",
                 "device",
+                "model.rnn_impl",
                 "wandb.mode",
             ),
             (
@@ -170,16 +174,16 @@ COMMANDS = {
 def help_text(cmd: Command) -> str:
     """The command's ``--help``: what it does, its most-used keys (meaning from the schema), examples."""
     docs, defaults = field_help(cmd.schema), OmegaConf.structured(cmd.schema)
-    wrap = functools.partial(textwrap.fill, width=100, subsequent_indent=" " * 24)
+    wrap = functools.partial(textwrap.fill, width=100, subsequent_indent=" " * 30)
     rows = []
     for key in cmd.keys:
         default = "required" if OmegaConf.is_missing(*_parent(defaults, key)) else OmegaConf.select(defaults, key)
         doc, choices = docs.get(key, ""), allowed(key)
         if choices and not all(c in doc for c in choices):
             doc += f" One of: {', '.join(choices)}."
-        rows.append(wrap(f"  {key:<21} {doc} [{default}]".replace("  [", " [")))
+        rows.append(wrap(f"  {key:<27} {doc} [{default}]".replace("  [", " [")))
     for group, meaning in cmd.groups:
-        rows.append(wrap(f"  {group + '=NAME':<21} {meaning}; one of {', '.join(group_options(group))}"))
+        rows.append(wrap(f"  {group + '=NAME':<27} {meaning}; one of {', '.join(group_options(group))}"))
     return "\n".join(
         [
             f"usage: python -m {cmd.module} [KEY=VALUE ...]",

@@ -134,7 +134,7 @@ class TrainerConfig:
     # Validation interval in steps. 0 (default): measured at the start of the run as about valid_minutes of
     # training and kept for the run (saved in checkpoints, so a resumed run validates at the same steps).
     valid_every: int = 0
-    valid_minutes: float = 3.0
+    valid_minutes: float = 3.0  # validate about this often (minutes of training) when valid_every=0
     val_beam_size: int = 1
     plot_attention: int = 3  # heatmaps of the first N validation sentences at every validation (0 = off)
     patience: int = 5  # stop after this many validations without a BLEU gain (0 = never)
