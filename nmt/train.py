@@ -158,6 +158,11 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
         check_corpus(specs["train"])  # a bad line stops the run here, not in the DataLoader worker later
     resume_from = rundir.resumable(device) if cfg.trainer.resume else None
     if cfg.trainer.resume and resume_from is None:
+        if rundir.is_resumable():  # checkpoint files exist, but none could be read (warnings above)
+            raise NmtError(
+                f"trainer.resume=true, but no checkpoint in {rundir.checkpoints} is readable (see the warnings "
+                "above); nothing was changed: move the damaged files away to start this run again at step 0"
+            )
         log.warning("trainer.resume=true, but %s has no checkpoint yet: starting this run at step 0", run_dir)
     if resume_from is not None:
         changed = config_changes(resume_from[1]["config"], plain, list(cfg.trainer.allow_changes))

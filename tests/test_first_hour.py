@@ -195,3 +195,15 @@ def test_the_resume_hint_replaces_the_limit_it_asks_to_raise():
         ["trainer.max_steps=190", "attention=dot", "hydra.run.dir=old"], Path("runs/a"), "trainer.max_steps=..."
     )
     assert cmd == "python -m nmt.train attention=dot hydra.run.dir=runs/a trainer.resume=true trainer.max_steps=..."
+
+
+def test_resume_with_only_damaged_checkpoints_stops_and_changes_nothing(tmp_path, sample_dir):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"not a checkpoint")
+    args = [f"data.dir={sample_dir}", *QUIET, "trainer.resume=true", f"hydra.run.dir={run}"]
+    proc = run_module("nmt.train", args, tmp_path / "cache", check=False)
+    assert proc.returncode == 2 and "no checkpoint in" in proc.stderr and "is readable" in proc.stderr
+    assert "starting this run at step 0" not in proc.stderr and "Traceback" not in proc.stderr
+    assert (run / "checkpoints" / "last.pt").read_bytes() == b"not a checkpoint"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt"]
