@@ -473,8 +473,10 @@ class Trainer:
                     w.add(loss, micro)
                 for b in micro:
                     p.positions[b.shard] = [b.epoch, b.index]
+                # p.elapsed_s stays the value all ranks agreed on above: the log line, calibration,
+                # time-based checkpoint and time limit below are collective or must match across ranks,
+                # so none of them may be decided from this process's own clock.
                 p.step, p.epoch = p.step + 1, max(p.epoch, int(epoch))
-                p.elapsed_s = elapsed_at_start + time.monotonic() - started
                 bar.update(1)
                 self._calibrate(p)
                 if p.step % s.log_every == 0 or p.elapsed_s - self._logged_at >= s.log_seconds:

@@ -1,0 +1,99 @@
+"""Under torchrun every rank must take the same decisions in ``Trainer.fit``: the progress line
+(a collective), the automatic validation interval, the time-based checkpoint (it gathers) and
+the time limit. They are all decided from the elapsed time the ranks agree on (``Dist.max``),
+never from one process's own clock; otherwise a rank whose clock lags would skip a collective
+the others enter, and the job would hang.
+
+A single process stands in for the job: its ``Dist.max`` answers as if another rank's clock
+gained ``AHEAD`` seconds on this one at every step, which is what a real all-reduce of the elapsed
+time returns when a peer is slower. Every time-based decision must then follow the peer's clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from nmt.config import TrainConfig
+from nmt.data.batching import collate
+from nmt.distributed import Dist
+from nmt.models.build import build_model
+from nmt.trainer import EarlyStopping, Schedule, Trainer
+from nmt.training import build_optimizer, build_precision
+
+V = 30
+AHEAD = 100.0  # seconds the (simulated) slowest peer's clock gains on this process per step
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerAhead(Dist):
+    """One process whose all-reduced maximum of the elapsed time is a peer's: ``AHEAD`` s more per step."""
+
+    steps: itertools.count = dataclasses.field(default_factory=lambda: itertools.count(1), compare=False)
+
+    def max(self, values: list[float]) -> list[float]:
+        sig, elapsed, epoch = values
+        return [sig, elapsed + AHEAD * next(self.steps), epoch]
+
+
+class Saves:
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def save(self, state: dict, best: bool = False, step: int | None = None) -> Path:
+        self.steps.append(state["progress"]["step"])
+        return Path("last.pt")
+
+
+def validator(model) -> dict:
+    return {"loss": 1.0, "ppl": 2.7, "bleu": 1.0, "chrf": 1.0}
+
+
+def make_trainer(schedule: Schedule) -> tuple[Trainer, Saves]:
+    torch.manual_seed(0)
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.encoder.update(emb_size=8, hidden_size=6, layers=1, dropout=0.0)
+    cfg.decoder.update(emb_size=8, hidden_size=12, layers=1, dropout=0.0)
+    cfg.attention.name = "dot"
+    cfg.model.rnn_impl = "eager"
+    model = build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V, rnn_impl="eager", device="cpu")
+    opt = build_optimizer(model, cfg.trainer)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    precision = build_precision("none", torch.device("cpu"), model)
+    saves = Saves()
+    trainer = Trainer(model, opt, sched, precision, validator, EarlyStopping(0), saves, None, schedule, {}, PeerAhead())
+    trainer.data_starts()  # a fresh run: the data position of each shard
+    return trainer, saves
+
+
+def batches():
+    g = torch.Generator().manual_seed(0)
+    for i in itertools.count():
+        src = [torch.randint(4, V, (n,), generator=g).tolist() for n in (5, 3)]
+        tgt = [torch.randint(4, V, (n,), generator=g).tolist() for n in (4, 6)]
+        yield dataclasses.replace(collate(src, tgt), index=i)
+
+
+def test_time_limit_follows_the_agreed_clock():
+    """The peer is past a 1-minute budget after the first step: every rank stops there."""
+    trainer, _ = make_trainer(Schedule(max_minutes=1.0, max_steps=50, checkpoint_minutes=0, valid_every=1000))
+    result = trainer.fit(batches())
+    assert result.reason == "reached trainer.max_minutes=1"
+    assert trainer.progress.step == 1
+
+
+def test_checkpoint_clock_and_progress_line_follow_the_agreed_clock():
+    """last.pt every minute and a progress line every 30 s of the *peer's* clock: at every step."""
+    trainer, saves = make_trainer(
+        Schedule(max_steps=4, checkpoint_minutes=1.0, log_every=1000, log_seconds=30.0, valid_every=1000)
+    )
+    logged = []
+    trainer._log_progress = lambda p, window, bar: logged.append(p.step) or setattr(trainer, "_logged_at", p.elapsed_s)
+    trainer.fit(batches())
+    assert saves.steps[:3] == [1, 2, 3]  # then the end of the run (step 4: validation)
+    assert logged == [1, 2, 3, 4]
+
