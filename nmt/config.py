@@ -229,11 +229,17 @@ class AverageConfig:
     last: int = 5  # how many of run_dir's newest step_N.pt checkpoints
 
 
-def job_dirname(override_dirname: str, limit: int = 150) -> str:
+JOB_NAME_LIMIT = 150  # characters of a sweep job's folder name
+
+
+def job_dirname(override_dirname: str, *first: str) -> str:
     """A sweep job's folder name from its overrides (``configs/config.yaml``): path separators become
-    ``_`` so that ``data.dir=a/b`` never nests a job folder, and very long names are cut."""
-    name = override_dirname.replace("/", "_").replace("\\", "_").lstrip(".")
-    return name[:limit]
+    ``_`` so that ``data.dir=a/b`` never nests a job folder, and very long names are cut. ``first``:
+    values put in front, joined by ``_``, so that they survive the cut (an experiment names the
+    keys that make its jobs unique: ``${nmt_job_name:${hydra.job.override_dirname},${seed}}``)."""
+    parts = [*first, override_dirname] if override_dirname else list(first)
+    name = "_".join(str(x) for x in parts).replace("/", "_").replace("\\", "_").lstrip(".")
+    return name[:JOB_NAME_LIMIT]
 
 
 def register_configs() -> None:

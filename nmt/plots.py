@@ -32,26 +32,50 @@ def heatmap(att: torch.Tensor, src: list[str], tgt: list[str], path: str | Path,
 
 
 def grid(
-    panels: list[tuple[str, torch.Tensor, list[str], list[str]]],
+    panels: list[tuple[str, torch.Tensor, list[str], list[str]] | None],
     path: str | Path,
     cols: int = 4,
-    bars: tuple[list[str], list[float], str] | None = None,
 ) -> Path:
-    """Several (title, attention, src, tgt) heatmaps side by side, e.g. one sentence across models;
-    ``bars`` = (labels, values, y label) adds a bar chart across the top."""
-    rows = (len(panels) + cols - 1) // cols + (1 if bars else 0)
-    fig = plt.figure(figsize=(4.2 * cols, 3.8 * rows))
-    spec = fig.add_gridspec(rows, cols)
-    if bars:
-        ax = fig.add_subplot(spec[0, :])
-        ax.bar(bars[0], bars[1], color="#3c6bc4")
-        ax.set_ylabel(bars[2])
-        for x, v in enumerate(bars[1]):
-            ax.annotate(f"{v:.1f}", (x, v), ha="center", va="bottom", fontsize=8)
-    first = 1 if bars else 0
-    for k, (title, att, src, tgt) in enumerate(panels):
-        _draw(fig.add_subplot(spec[first + k // cols, k % cols]), att, src, tgt, title)
+    """Several (title, attention, src, tgt) heatmaps, ``cols`` to a row, e.g. one sentence across
+    models; a None panel leaves its cell empty (a variant missing from a rows × columns layout)."""
+    rows = max(1, (len(panels) + cols - 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.8 * rows), squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        panel = panels[k] if k < len(panels) else None
+        if panel is None:
+            ax.axis("off")
+            continue
+        title, att, src, tgt = panel
+        _draw(ax, att, src, tgt, title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return Path(path)
+
+
+def curves(series: list[tuple[str, list[float], list[float]]], path: str | Path, xlabel: str, ylabel: str) -> Path:
+    """One line per (label, xs, ys); lines sharing a label (the seeds of one variant) share a colour
+    and one legend entry."""
+    labels = list(dict.fromkeys(label for label, _, _ in series))
+    colours = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
+    fig, ax = plt.subplots(figsize=(10, 6))
+    named = set()
+    for label, xs, ys in series:
+        k = labels.index(label)
+        ax.plot(
+            xs,
+            ys,
+            marker=".",
+            color=colours(k % colours.N),
+            linestyle=("-", "--", ":")[(k // colours.N) % 3],
+            label=None if label in named else label,
+        )
+        named.add(label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)

@@ -66,6 +66,14 @@ def run_module(
     return proc
 
 
+def tiny_sweep(folder: Path, overrides: list[str], data_dir: Path, cache: Path, steps: int = 20) -> list[Path]:
+    """``python -m nmt.train -m OVERRIDES`` with the tiny model on ``data_dir`` for ``steps`` steps into
+    the sweep folder ``folder`` (a second call adds jobs to it); returns every job folder found there."""
+    args = ["-m", *overrides, f"data.dir={data_dir}", *TINY, f"trainer.max_steps={steps}", f"hydra.sweep.dir={folder}"]
+    run_module("nmt.train", args, cache)
+    return sorted(p.parent.parent for p in folder.rglob(".hydra/config.yaml"))
+
+
 def popen_module(module: str, args: list[str], cache: Path, new_session: bool = False) -> subprocess.Popen:
     """Start a CLI in the background; new_session: in its own process group, to signal it as a terminal does."""
     return subprocess.Popen(

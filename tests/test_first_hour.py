@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import REPO, TINY, env, popen_module, run_module
+from helpers import REPO, TINY, env, popen_module, run_module, tiny_sweep
 from nmt.rundir import disk_usage
 from nmt.trainer import nice_interval
 
@@ -157,16 +157,7 @@ def test_strict_corpus_error_is_one_line_before_training(tmp_path, sample_dir):
 
 def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_dir):
     sweep = tmp_path / "sweep"
-    args = [
-        "-m",
-        "attention=dot,general",
-        f"data.dir={sample_dir}",  # a path with '/' in the job's name
-        *TINY,
-        "trainer.max_steps=20",
-        f"hydra.sweep.dir={sweep}",
-    ]
-    run_module("nmt.train", args, tmp_path / "cache")
-    jobs = sorted(p.parent.parent for p in sweep.rglob(".hydra/config.yaml"))
+    jobs = tiny_sweep(sweep, ["attention=dot,general"], sample_dir, tmp_path / "cache")  # data.dir: '/' in job names
     assert len(jobs) == 2 and all(j.parent == sweep for j in jobs), jobs
     (sweep / "broken" / ".hydra").mkdir(parents=True)
     (sweep / "broken" / ".hydra" / "config.yaml").write_text("{}")

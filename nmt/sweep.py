@@ -1,0 +1,150 @@
+"""The jobs of a finished sweep: found, labelled by what differs between them, and grouped by seed.
+
+A job is a folder at any depth with ``.hydra/config.yaml`` (Hydra writes one per job), a
+``metrics.jsonl`` holding at least one validation and ``checkpoints/best.pt``. Jobs are labelled by
+their attention, their decoder order (``bahdanau``, ``luong+feed`` with input feeding, ``luong``)
+and, when the sweep varied anything else, the other keys whose values differ between jobs
+(``decoder.hidden_size=256``), so the same report works for any user sweep. Jobs whose configs
+differ only in ``seed`` form one variant, reported as mean ± spread over its seeds.
+
+No model is loaded here: ``nmt.report`` decodes, this module only reads configs and metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from nmt.rundir import RunDir
+
+# Keys that never make two jobs different variants: the seed (what a variant is averaged over) and
+# run bookkeeping that does not change the model.
+NOT_A_VARIANT = ("seed", "trainer.resume", "wandb.")
+# Keys shown in their own columns (attention, order) rather than in the variant label.
+LABEL_KEYS = ("attention.name", "decoder.order", "decoder.input_feeding")
+
+
+@dataclass
+class Job:
+    folder: Path
+    name: str  # the folder relative to the sweep directory
+    cfg: Any  # the job's .hydra/config.yaml (OmegaConf, unresolved)
+    validations: list[dict]  # the metrics.jsonl records, in order
+    keys: dict[str, str] = field(default_factory=dict)  # every config key → its value as text
+
+    @property
+    def attention(self) -> str:
+        return str(OmegaConf.select(self.cfg, "attention.name", default="?"))
+
+    @property
+    def order(self) -> str:
+        return order_label(self.cfg)
+
+    @property
+    def seed(self) -> int | None:
+        return OmegaConf.select(self.cfg, "seed", default=None)
+
+    @property
+    def best(self) -> dict:
+        """The validation with the highest BLEU (the one ``best.pt`` was saved at)."""
+        return max(self.validations, key=lambda r: r["bleu"])
+
+    @property
+    def checkpoint(self) -> Path:
+        return RunDir(self.folder).best
+
+    def curve(self) -> tuple[list[float], list[float]]:
+        """(training minutes, valid BLEU) of every validation."""
+        return [r["elapsed_s"] / 60 for r in self.validations], [r["bleu"] for r in self.validations]
+
+
+@dataclass
+class Variant:
+    attention: str
+    order: str
+    label: str  # the other differing keys, "key=value, …" ("" when only attention/order vary)
+    jobs: list[Job]  # one per seed, lowest seed first
+
+
+def order_label(cfg: Any) -> str:
+    """``bahdanau``, or ``luong+feed`` / ``luong`` for Luong order with / without input feeding."""
+    order = str(OmegaConf.select(cfg, "decoder.order", default="?"))
+    if order == "luong":
+        return "luong+feed" if OmegaConf.select(cfg, "decoder.input_feeding", default=True) else "luong"
+    return order
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, str]:
+    """Nested dicts → {"a.b.c": "value as text"} (lists and scalars are leaves)."""
+    if not isinstance(node, dict):
+        return {prefix: json.dumps(node, sort_keys=True) if isinstance(node, list) else str(node)}
+    out: dict[str, str] = {}
+    for k, v in node.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def collect(sweep: Path) -> tuple[list[Job], list[tuple[Path, str]]]:
+    """Every job under ``sweep`` at any depth, and the folders left out with the reason."""
+    jobs, skipped = [], []
+    for cfg_file in sorted(sweep.rglob(".hydra/config.yaml")):
+        folder = cfg_file.parent.parent
+        run = RunDir(folder)
+        lines = run.metrics.read_text().splitlines() if run.metrics.is_file() else []
+        validations = [r for r in (json.loads(x) for x in lines if x.strip()) if "bleu" in r]
+        if not validations:
+            skipped.append((folder, "no validation in metrics.jsonl yet (unfinished or failed?)"))
+            continue
+        if not run.best.is_file():
+            skipped.append((folder, "no checkpoints/best.pt"))
+            continue
+        cfg = OmegaConf.load(cfg_file)
+        keys = flatten(OmegaConf.to_container(cfg, resolve=False))
+        jobs.append(Job(folder, str(folder.relative_to(sweep)), cfg, validations, keys))
+    return jobs, skipped
+
+
+def variant_keys(jobs: Iterable[Job]) -> list[str]:
+    """The config keys, besides seed, attention and order, that tell variants apart: those whose values
+    differ between jobs. An ``attention.*`` parameter counts only when it differs between jobs of the
+    same attention (``attention.window`` exists for local attention alone, which is no variant)."""
+    jobs = list(jobs)
+    all_keys = sorted({k for j in jobs for k in j.keys})
+    found = []
+    for k in all_keys:
+        if k in LABEL_KEYS or k.startswith(NOT_A_VARIANT):
+            continue
+        if k.startswith("attention."):
+            by_attention: dict[str, set] = {}
+            for j in jobs:
+                by_attention.setdefault(j.attention, set()).add(j.keys.get(k))
+            differs = any(len(values) > 1 for values in by_attention.values())
+        else:
+            differs = len({j.keys.get(k) for j in jobs}) > 1
+        if differs:
+            found.append(k)
+    return found
+
+
+def group(jobs: list[Job]) -> list[Variant]:
+    """Jobs that differ only in seed (and run bookkeeping) → one Variant each, in first-seen order."""
+    keys = variant_keys(jobs)
+    variants: dict[tuple, Variant] = {}
+    for j in jobs:
+        label = ", ".join(f"{k}={j.keys[k]}" for k in keys if k in j.keys)  # a key a job lacks: left out
+        v = variants.setdefault((j.attention, j.order, label), Variant(j.attention, j.order, label, []))
+        v.jobs.append(j)
+    for v in variants.values():
+        v.jobs.sort(key=lambda j: (j.seed is None, j.seed if j.seed is not None else 0, j.name))
+    return list(variants.values())
+
+
+def mean_spread(values: list[float]) -> tuple[float, float]:
+    """(mean, spread) with spread = (max − min) / 2: mean ± spread spans every seed's value, which
+    with 2–3 seeds says more honestly than a standard deviation how far one run can land."""
+    return sum(values) / len(values), (max(values) - min(values)) / 2

@@ -1,0 +1,112 @@
+"""``python -m nmt.report`` on a tiny attention-zoo sweep made the documented way (two commands, the
+second adding a seed), and the labelling of variants in any user sweep (nmt.sweep)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from helpers import run_module, tiny_sweep
+from nmt.sweep import Job, flatten, group, mean_spread
+
+COLUMNS = "| attention | order | seeds | BLEU | chrF | entropy | max-share | backward | coverage | tok/s | params |"
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory, sample_dir) -> tuple[Path, Path, list[Path]]:
+    """experiment=attention_zoo for dot × both orders, then a second seed of dot · bahdanau into the
+    same folder: (sweep, tokenizer cache, job folders)."""
+    root = tmp_path_factory.mktemp("zoo")
+    sweep, cache = root / "sweep", root / "cache"
+    zoo = ["experiment=attention_zoo", "attention=dot", "trainer.valid_every=10"]
+    tiny_sweep(sweep, [*zoo, "decoder=bahdanau,luong"], sample_dir, cache)
+    jobs = tiny_sweep(sweep, [*zoo, "decoder=bahdanau", "seed=1"], sample_dir, cache)
+    return sweep, cache, jobs
+
+
+def table(md: str) -> dict[tuple[str, str], list[str]]:
+    """report.md's main table: (attention, order) → the cells of its row."""
+    lines = md.splitlines()
+    start = lines.index(COLUMNS)
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[(cells[0], cells[1])] = cells
+    return rows
+
+
+def test_zoo_jobs_have_unique_folders_across_both_commands(zoo):
+    _, _, jobs = zoo
+    names = [j.name for j in jobs]
+    assert len(names) == 3 == len(set(names)), names
+    expected = ["dot_bahdanau_seed1", "dot_bahdanau_seed1234", "dot_luong_seed1234"]  # then the other overrides
+    assert sorted(n.split("_data.")[0] for n in names) == expected
+    orders = sorted(OmegaConf.load(j / ".hydra" / "config.yaml").decoder.order for j in jobs)
+    assert orders == ["bahdanau", "bahdanau", "luong"]
+
+
+def test_report_tables_variants_with_seed_spread_statistics_and_pictures(zoo):
+    sweep, cache, _ = zoo
+    run_module("nmt.report", [str(sweep), "--valid-sentences", "30", "--sentence", "I like cats."], cache)
+    md = (sweep / "report.md").read_text()
+    rows = table(md)
+    assert set(rows) == {("dot", "bahdanau"), ("dot", "luong+feed")}, rows
+    seeded, single = rows[("dot", "bahdanau")], rows[("dot", "luong+feed")]
+    assert seeded[2] == "2" and single[2] == "1"
+    assert " ± " in seeded[3] and " ± " in seeded[4] and "±" not in single[3]
+    per_job = json.loads((sweep / "report.json").read_text())
+    bleus = [j["bleu"] for j in per_job if j["order"] == "bahdanau"]
+    mean, spread = mean_spread(bleus)
+    assert seeded[3] == f"{mean:.2f} ± {spread:.2f}"
+    assert sorted(j["seed"] for j in per_job if j["order"] == "bahdanau") == [1, 1234]
+    for cells in rows.values():
+        entropy, max_share, backward, coverage = (float(c) for c in cells[5:9])
+        assert 0.0 <= entropy <= math.log(256) and 0.0 < max_share <= 1.0
+        assert 0.0 <= backward <= 1.0 and 0.0 < coverage <= 1.0
+        assert float(cells[9].replace(",", "")) > 0 and int(cells[10].replace(",", "")) > 0
+    assert all(j["sentences"] == 30 for j in per_job)  # --valid-sentences decoded, every one measured
+    for png in ("report_heatmaps.png", "report_curves.png"):
+        assert (sweep / png).stat().st_size > 10_000 and f"]({png})" in md
+
+
+def test_report_stops_in_one_line_when_the_valid_corpus_is_missing(zoo, tmp_path):
+    sweep, cache, _ = zoo
+    proc = run_module("nmt.report", [str(sweep), "--data-dir", str(tmp_path)], cache, check=False)
+    assert proc.returncode == 2
+    assert f"{tmp_path}/valid.tsv: corpus file not found" in proc.stderr
+    assert "Traceback" not in proc.stderr and "decoding" not in proc.stderr  # before any model is loaded
+
+
+def job(name: str, seed: int, **sections) -> Job:
+    """A finished job as nmt.sweep reads it, without files."""
+    cfg = {"seed": seed, "attention": {"name": "general"}, "decoder": {"order": "luong", "input_feeding": False}}
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    return Job(Path(name), name, OmegaConf.create(cfg), [{"bleu": 1.0, "elapsed_s": 60}], flatten(cfg))
+
+
+def test_a_user_sweep_is_labelled_by_the_keys_that_differ_and_grouped_over_seeds():
+    jobs = [
+        job("a", 1, decoder={"hidden_size": 256}),
+        job("b", 2, decoder={"hidden_size": 256}),
+        job("c", 1, decoder={"hidden_size": 512}),
+    ]
+    variants = group(jobs)
+    assert [(v.attention, v.order, v.label, [j.seed for j in v.jobs]) for v in variants] == [
+        ("general", "luong", "decoder.hidden_size=256", [1, 2]),
+        ("general", "luong", "decoder.hidden_size=512", [1]),
+    ]
+
+
+def test_attention_parameters_label_variants_only_within_one_attention():
+    local = {"name": "local_m", "window": 5}
+    jobs = [job("dot", 1, attention={"name": "dot"}), job("local", 1, attention=local)]
+    assert [v.label for v in group(jobs)] == ["", ""]  # attention.window exists for local_m only
+    jobs.append(job("wide", 1, attention={**local, "window": 9}))
+    assert [v.label for v in group(jobs)] == ["", "attention.window=5", "attention.window=9"]
