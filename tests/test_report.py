@@ -8,9 +8,14 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from helpers import run_module, tiny_sweep
+from helpers import REPO, TINY, run_module, tiny_sweep
+from nmt.config import register_configs, validate
+from nmt.models.attention.registry import ATTENTIONS
+from nmt.models.build import model_from_config
 from nmt.sweep import Job, flatten, group, mean_spread
 
 COLUMNS = "| attention | order | seeds | BLEU | chrF | entropy | max-share | backward | coverage | tok/s | params |"
@@ -110,3 +115,21 @@ def test_attention_parameters_label_variants_only_within_one_attention():
     assert [v.label for v in group(jobs)] == ["", ""]  # attention.window exists for local_m only
     jobs.append(job("wide", 1, attention={**local, "window": 9}))
     assert [v.label for v in group(jobs)] == ["", "attention.window=5", "attention.window=9"]
+
+
+def test_every_zoo_job_composes_validates_and_runs_forward():
+    """The 20 jobs of experiment=attention_zoo (every registered attention × both orders, Luong with
+    input feeding) are valid configs whose models run (tiny sizes: the structure is what is checked)."""
+    register_configs()
+    swept = OmegaConf.load(REPO / "configs" / "experiment" / "attention_zoo.yaml").hydra.sweeper.params
+    assert sorted(swept.attention.split(",")) == sorted(ATTENTIONS) and swept.decoder == "bahdanau,luong"
+    src, src_len, tgt = torch.randint(4, 100, (2, 7)), torch.tensor([7, 5]), torch.randint(4, 100, (2, 6))
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        for attention in swept.attention.split(","):
+            for order in ("bahdanau", "luong"):
+                over = ["experiment=attention_zoo", f"attention={attention}", f"decoder={order}", *TINY]
+                cfg = compose("config", overrides=over)
+                validate(cfg, "train")
+                assert cfg.decoder.order == order and cfg.decoder.input_feeding and cfg.trainer.patience == 0
+                logits = model_from_config(cfg, 300, 300, torch.device("cpu"))(src, src_len, tgt)[0]
+                assert logits.shape == (2, 6, 300) and torch.isfinite(logits).all()
