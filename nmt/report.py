@@ -219,7 +219,9 @@ def markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, cu
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m nmt.report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("sweep", type=Path, help="a multirun directory (one subfolder per job, at any depth)")
     ap.add_argument(
         "--sentence",
