@@ -189,7 +189,7 @@ class DecodeConfig:
 
     checkpoint: str = MISSING  # a trained model: RUN_DIR/checkpoints/best.pt (or last.pt, or nmt.average's output)
     ensemble: list[str] = field(default_factory=list)  # more checkpoints to decode with, averaging p(y)
-    # Beam width (1 = greedy search); unset: the checkpoint's choice on valid (trainer.tune_decoding), else 5.
+    # beam width (1 = greedy search); unset: the checkpoint's choice (made on valid when it was trained), else 5.
     beam_size: int | None = None
     n_best: int = 1  # translate: print this many hypotheses per line (with scores) when > 1
     # GNMT alpha (0 = raw log-probability); unset: the checkpoint's choice on valid, else 1.0.
