@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from nmt import checkpoint
+from nmt.checkpoint import average
 from nmt.cli import command
 from nmt.config import register_configs
 from nmt.errors import ConfigError
@@ -21,26 +22,6 @@ from nmt.rundir import RunDir
 
 log = logging.getLogger("nmt.average")
 register_configs()
-
-
-def average(paths: list[str]) -> dict:
-    """The mean of the checkpoints' floating-point weights; all must share model config and vocabulary."""
-    if not paths:
-        raise ConfigError("nothing to average: give checkpoints=[A,B,...] or run_dir=DIR")
-    first = checkpoint.load(paths[0])
-    total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
-    for p in paths[1:]:
-        ck = checkpoint.load(p)
-        for part in ("encoder", "attention", "decoder"):
-            if ck["config"][part] != first["config"][part]:
-                raise ConfigError(f"{p}: its {part} config differs from {paths[0]} (one model's checkpoints only)")
-        if ck["tokenizer"] != first["tokenizer"]:
-            raise ConfigError(f"{p}: another vocabulary than {paths[0]}")
-        for k, v in ck["model"].items():
-            if v.is_floating_point():
-                total[k] += v.double()
-    model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in total.items()}
-    return {"model": model, "tokenizer": first["tokenizer"], "config": first["config"], "averaged_from": paths}
 
 
 def newest(run_dir: str, n: int) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from nmt.errors import CheckpointError
+from nmt.errors import CheckpointError, ConfigError
 from nmt.rundir import atomic_write
 
 FORMAT = "nmt-checkpoint"
@@ -73,3 +73,28 @@ def weights_only(state: dict[str, Any]) -> dict[str, Any]:
     if missing:
         raise KeyError(f"weights_only: the state lacks {', '.join(missing)}")
     return {k: state[k] for k in (*TRANSLATE_KEYS, "progress") if k in state}
+
+
+def average(paths: list[str]) -> dict:
+    """The mean of the checkpoints' floating-point weights; all must share model config and vocabulary.
+
+    Checkpoint averaging (Junczys-Dowmunt et al. 2016; Vaswani et al. 2017): the result keeps the first
+    checkpoint's tokenizer and config and no optimiser state (for translating, not resuming). The one
+    implementation, used by ``python -m nmt.average`` and by ``trainer.average_last`` at a run's end.
+    """
+    if not paths:
+        raise ConfigError("nothing to average: give checkpoints=[A,B,...] or run_dir=DIR")
+    first = load(paths[0])
+    total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
+    for p in paths[1:]:
+        ck = load(p)
+        for part in ("encoder", "attention", "decoder"):
+            if ck["config"][part] != first["config"][part]:
+                raise ConfigError(f"{p}: its {part} config differs from {paths[0]} (one model's checkpoints only)")
+        if ck["tokenizer"] != first["tokenizer"]:
+            raise ConfigError(f"{p}: another vocabulary than {paths[0]}")
+        for k, v in ck["model"].items():
+            if v.is_floating_point():
+                total[k] += v.double()
+    model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in total.items()}
+    return {"model": model, "tokenizer": first["tokenizer"], "config": first["config"], "averaged_from": paths}

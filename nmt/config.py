@@ -148,6 +148,14 @@ class TrainerConfig:
     # step_N.pt checkpoints kept besides last.pt (everything, to resume) and best.pt (weights only, to translate);
     # each is a full copy (~3x the weights with Adam's moments): keep some to average them (nmt.average).
     keep_last: int = 0
+    # At the end of a run (a limit or early stopping), average the newest N step_N.pt checkpoints into
+    # checkpoints/averaged.pt and validate it beside best.pt (0 = off; needs keep_last >= N).
+    average_last: int = 0
+    # At the end of a run, decode the validation sentences with every beam size x length penalty below and
+    # store the best pair in best.pt (and averaged.pt) as the defaults nmt.translate/evaluate/serve use.
+    tune_decoding: bool = True
+    tune_beam_sizes: list[int] = field(default_factory=lambda: [1, 3, 5, 8])  # tune_decoding's beam sizes
+    tune_length_penalties: list[float] = field(default_factory=lambda: [0.6, 0.8, 1.0, 1.2])  # and length penalties
     max_bad_steps: int = 5  # non-finite losses/gradients in a row before the run stops
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
     # Batches (of data.max_tokens each) per rank summed into one update; the global batch is
@@ -181,9 +189,11 @@ class DecodeConfig:
 
     checkpoint: str = MISSING  # a trained model: RUN_DIR/checkpoints/best.pt (or last.pt, or nmt.average's output)
     ensemble: list[str] = field(default_factory=list)  # more checkpoints to decode with, averaging p(y)
-    beam_size: int = 5  # beam width (1 = greedy search)
+    # beam width (1 = greedy search); unset: the checkpoint's choice (made on valid when it was trained), else 5.
+    beam_size: int | None = None
     n_best: int = 1  # translate: print this many hypotheses per line (with scores) when > 1
-    length_penalty: float = 1.0  # GNMT alpha; 0 = raw log-probability
+    # GNMT alpha (0 = raw log-probability); unset: the checkpoint's choice on valid, else 1.0.
+    length_penalty: float | None = None
     coverage_penalty: float = 0.0  # GNMT beta; 0 = off
     max_len_ratio: float = 2.0  # at most max_len_ratio * source length + 10 pieces
     min_len_ratio: float = 0.0  # no EOS before min_len_ratio * source length pieces
@@ -329,6 +339,7 @@ def _train_problems(cfg: Any) -> list[str]:
     a, enc, dec = cfg.attention, cfg.encoder, cfg.decoder
     if cfg.trainer.accum_steps < 1:
         problems.append(f"trainer.accum_steps={cfg.trainer.accum_steps}: expected an integer >= 1")
+    problems += _finishing_problems(cfg.trainer)
     if cfg.data.num_workers not in (0, 1):
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
     if cfg.data.source == "hub" and not cfg.data.hub_path:
@@ -352,11 +363,30 @@ def _train_problems(cfg: Any) -> list[str]:
     return problems
 
 
+def _finishing_problems(t: Any) -> list[str]:
+    """trainer.average_last and the decoding grid: checked here, so a run never trains for an hour to
+    fail at its end."""
+    problems = []
+    if t.average_last < 0:
+        problems.append(f"trainer.average_last={t.average_last}: expected an integer >= 0 (0 = off)")
+    elif t.average_last > t.keep_last:
+        problems.append(
+            f"trainer.average_last={t.average_last} averages the newest step_N.pt checkpoints: needs "
+            f"trainer.keep_last >= {t.average_last} (got {t.keep_last})"
+        )
+    if t.tune_decoding:
+        if not t.tune_beam_sizes or any(k < 1 for k in t.tune_beam_sizes):
+            problems.append(f"trainer.tune_beam_sizes={list(t.tune_beam_sizes)}: expected a list of integers >= 1")
+        if not t.tune_length_penalties:
+            problems.append("trainer.tune_length_penalties=[]: expected at least one length penalty")
+    return problems
+
+
 def _decode_problems(cfg: Any) -> list[str]:
     problems = []
-    if cfg.beam_size < 1:
+    if cfg.beam_size is not None and cfg.beam_size < 1:
         problems.append(f"beam_size={cfg.beam_size}: expected an integer >= 1 (1 = greedy)")
-    if cfg.n_best < 1 or cfg.n_best > max(cfg.beam_size, 1):
+    if cfg.n_best < 1 or (cfg.beam_size is not None and cfg.n_best > max(cfg.beam_size, 1)):
         problems.append(f"n_best={cfg.n_best} needs 1 <= n_best <= beam_size (got beam_size={cfg.beam_size})")
     if cfg.get("batch_size", 1) < 1:
         problems.append(f"batch_size={cfg.batch_size}: expected an integer >= 1")

@@ -125,17 +125,19 @@ def main(cfg: DictConfig) -> None:
     sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
     hyps = [t.text for t in tr.translate(sources)]
     s = score(hyps, sources, refs)
-    s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty)
+    beam, alpha = tr.search.beam_size, tr.search.alpha  # as given, else the checkpoint's choice (logged)
+    s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=beam, length_penalty=alpha)
     if cfg.baseline:
-        if cfg.baseline.endswith(".pt"):
-            base_tr = load_translator(OmegaConf.merge(cfg, {"checkpoint": cfg.baseline, "ensemble": []}))
+        if cfg.baseline.endswith(".pt"):  # decoded with the same search settings
+            same = {"checkpoint": cfg.baseline, "ensemble": [], "beam_size": beam, "length_penalty": alpha}
+            base_tr = load_translator(OmegaConf.merge(cfg, same))
             base = [t.text for t in base_tr.translate(sources)]
         else:
             base = Path(cfg.baseline).read_text(encoding="utf-8").splitlines()
         if len(base) != len(hyps):
             raise NmtError(f"{cfg.baseline}: {len(base)} lines, expected one per line of {cfg.input} ({len(hyps)})")
         s["paired_bootstrap"] = paired_bootstrap(hyps, base, refs, cfg.bootstrap_samples)
-    print(format_table(cfg.checkpoint, cfg.input, cfg.beam_size, s))
+    print(format_table(cfg.checkpoint, cfg.input, beam, s))
     if cfg.hypotheses:
         Path(cfg.hypotheses).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     if cfg.json:

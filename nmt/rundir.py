@@ -14,6 +14,7 @@ A run directory (Hydra's ``outputs/DATE/TIME/``, or ``hydra.run.dir``)::
     attention/              attention heatmaps
     checkpoints/last.pt     everything, to resume
     checkpoints/best.pt     weights only, to translate
+    checkpoints/averaged.pt weights only: the mean of the newest ``trainer.average_last`` step_N.pt
     checkpoints/step_N.pt   the newest ``trainer.keep_last``, to resume from or to average
 """
 
@@ -86,6 +87,7 @@ class RunDir:
         self.checkpoints = self.root / "checkpoints"
         self.last = self.checkpoints / "last.pt"
         self.best = self.checkpoints / "best.pt"
+        self.averaged = self.checkpoints / "averaged.pt"
         self.metrics = self.root / "metrics.jsonl"
         self.log = self.root / "train.log"
         self.attention = self.root / "attention"

@@ -7,6 +7,7 @@ and ``nmt.train`` picks its device here too.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,10 @@ from nmt.models.build import model_from_config
 from nmt.models.seq2seq import Ensemble, Seq2Seq
 from nmt.search import SearchOptions
 from nmt.translator import Translator
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEARCH = SearchOptions()  # beam 5, length penalty 1.0: what a checkpoint without a stored choice decodes with
 
 
 def resolve_device(name: str) -> torch.device:
@@ -36,9 +41,13 @@ def resolve_device(name: str) -> torch.device:
 
 def load_model(path: str, device: torch.device) -> tuple[Seq2Seq, Tokenizer]:
     """Rebuild a model and its tokenizer from a checkpoint alone (no corpus, no cache needed)."""
+    return model_from_checkpoint(checkpoint.load(path, map_location=device), device)
+
+
+def model_from_checkpoint(ckpt: dict, device: torch.device) -> tuple[Seq2Seq, Tokenizer]:
+    """The model and tokenizer of a loaded checkpoint (``checkpoint.load``)."""
     from omegaconf import OmegaConf
 
-    ckpt = checkpoint.load(path, map_location=device)
     cfg = OmegaConf.create(ckpt["config"])
     tok = Tokenizer.from_state_dict(ckpt["tokenizer"])
     model = model_from_config(cfg, tok.src_vocab_size, tok.tgt_vocab_size, device)
@@ -46,29 +55,58 @@ def load_model(path: str, device: torch.device) -> tuple[Seq2Seq, Tokenizer]:
     return model.to(device).eval(), tok
 
 
-def search_options(cfg: Any) -> SearchOptions:
-    """The search settings of a DecodeConfig (translate, evaluate and serve share it)."""
-    if cfg.n_best > cfg.beam_size:
+def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions, str]:
+    """The search settings of a DecodeConfig (translate, evaluate and serve share it), and a line saying
+    where the beam size and length penalty came from.
+
+    ``beam_size`` / ``length_penalty`` left unset (null) take the checkpoint's ``stored`` choice (its
+    ``decoding``, chosen on valid at the end of training: ``trainer.tune_decoding``), else 5 / 1.0 as
+    before such choices existed. With ``n_best`` above the checkpoint's beam and no ``beam_size`` given,
+    the beam widens to ``n_best``.
+    """
+    stored = stored or {}
+    beam = cfg.beam_size if cfg.beam_size is not None else stored.get("beam_size", DEFAULT_SEARCH.beam_size)
+    if cfg.beam_size is None:
+        beam = max(beam, cfg.n_best)
+    elif cfg.n_best > cfg.beam_size:
         raise ConfigError(f"n_best={cfg.n_best} needs beam_size >= {cfg.n_best} (got {cfg.beam_size})")
-    return SearchOptions(
-        beam_size=cfg.beam_size,
+    alpha = cfg.length_penalty if cfg.length_penalty is not None else stored.get("length_penalty", DEFAULT_SEARCH.alpha)
+    options = SearchOptions(
+        beam_size=beam,
         n_best=cfg.n_best,
-        alpha=cfg.length_penalty,
+        alpha=alpha,
         beta=cfg.coverage_penalty,
         max_len_ratio=cfg.max_len_ratio,
         min_len_ratio=cfg.min_len_ratio,
         no_repeat_ngram=cfg.no_repeat_ngram,
     )
+    return options, f"decoding with beam {beam}, length penalty {alpha:g} ({_origin(cfg, stored)})"
+
+
+def _origin(cfg: Any, stored: dict) -> str:
+    """Where the beam size and length penalty came from, for the log."""
+    given = [k for k in ("beam_size", "length_penalty") if getattr(cfg, k) is not None]
+    if len(given) == 2:
+        return "as given"
+    if stored:
+        where = f"the checkpoint's choice on valid, BLEU {stored['bleu']:.2f} on {stored['sentences']} sentences"
+    else:
+        where = "defaults: the checkpoint stores no choice"
+    return f"{' and '.join(given)} as given, the rest {where}" if given else where
 
 
 def load_translator(cfg: Any) -> Translator:
-    """The checkpoint (an ensemble when ``cfg.ensemble`` names more) on ``cfg.device`` with the search
-    settings of ``cfg`` (a DecodeConfig)."""
-    search = search_options(cfg)  # checked before anything is loaded
+    """The checkpoint (an ensemble when ``cfg.ensemble`` names more) on ``cfg.device``, decoding with the
+    search settings of ``cfg`` (a DecodeConfig) and, where it leaves them unset, the checkpoint's stored
+    choice (see ``search_options``; the log says which was used)."""
+    search_options(cfg)  # checked before anything is loaded
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model, tok = load_model(cfg.checkpoint, device)
+    ckpt = checkpoint.load(cfg.checkpoint, map_location=device)
+    search, used = search_options(cfg, ckpt.get("decoding"))
+    model, tok = model_from_checkpoint(ckpt, device)
+    del ckpt
     if cfg.ensemble:
         members = [model]
         for path in cfg.ensemble:
@@ -77,6 +115,7 @@ def load_translator(cfg: Any) -> Translator:
                 raise ConfigError(f"ensemble: {path} has another vocabulary than {cfg.checkpoint}")
             members.append(m)
         model = Ensemble(members)
+    log.info("%s", used)
     return Translator(model, tok, device, search, max_input_len=cfg.max_input_len)
 
 

@@ -32,13 +32,14 @@ from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist, init_distributed, shutdown
 from nmt.errors import ConfigError, NmtError
+from nmt.finishing import Finished, Finisher
 from nmt.heartbeat import heartbeat
 from nmt.logger import RunLogger
 from nmt.models.build import count_parameters, model_from_config
 from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.trainer import FitResult
-from nmt.training import build_trainer, config_changes, run_to_resume
+from nmt.training import build_finisher, build_trainer, config_changes, run_to_resume
 
 log = logging.getLogger("nmt.train")
 
@@ -201,7 +202,7 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     finally:
         if logger is not None:
             logger.finish()
-    return finish(result, trainer, rundir, overrides)
+    return finish(result, trainer, rundir, overrides, build_finisher(cfg.trainer, rundir))
 
 
 def stop_rule(t) -> str:
@@ -213,8 +214,11 @@ def stop_rule(t) -> str:
     return rule + "; Ctrl-C saves a checkpoint and prints how to resume"
 
 
-def finish(result: FitResult, trainer, rundir: RunDir, overrides: Sequence[str]) -> dict:
-    """Say how the run ended: why, where the best model is and how to use it (or how to resume)."""
+def finish(
+    result: FitResult, trainer, rundir: RunDir, overrides: Sequence[str], finisher: Finisher | None = None
+) -> dict:
+    """Say how the run ended: why, where the best model is and how to use it (or how to resume). A run
+    that ended normally is first finished (``averaged.pt``, decoding defaults: ``nmt.finishing``)."""
     p = trainer.progress
     if result.signum is not None:
         if result.saved is not None:
@@ -235,11 +239,27 @@ def finish(result: FitResult, trainer, rundir: RunDir, overrides: Sequence[str])
             f"training ended at step {p.step}, but its final checkpoint could not be written to "
             f"{rundir.checkpoints} (see the errors above)"
         )
+    done = Finished()
+    if finisher is not None and trainer.dist.is_main:
+        done = finisher(trainer.model, trainer.validator, p)
+    trainer.dist.barrier()  # the other ranks wait while rank 0 finishes
     log.info("stopping: %s", result.reason)
     if trainer.dist.is_main and p.best_bleu >= 0:
         best = rundir.best
-        log.info("best valid BLEU %.2f at step %d: %s", p.best_bleu, p.best_step, best)
-        log.info("translate with: python -m nmt.translate checkpoint=%s input=FILE output=FILE", best)
+        log.info("best valid BLEU %.2f at step %d: %s%s", p.best_bleu, p.best_step, best, done.decodes(best))
+        if done.averaged is not None:
+            log.info(
+                "averaged %s: valid BLEU %.2f (best.pt %.2f): %s%s",
+                ", ".join(Path(f).name for f in done.averaged_from),
+                done.averaged_bleu,
+                p.best_bleu,
+                done.averaged,
+                done.decodes(done.averaged),
+            )
+        log.info(
+            "translate with: python -m nmt.translate checkpoint=%s input=FILE output=FILE",
+            done.recommended(best, p.best_bleu),
+        )
         limit = result.reason.split()[1].split("=")[0] if result.reason.startswith("reached trainer.") else None
         if limit:
             log.info(

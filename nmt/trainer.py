@@ -34,6 +34,7 @@ from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq, nll_loss
 from nmt.plots import heatmap
 from nmt.rundir import RunDir, step_name
+from nmt.search import SearchOptions
 from nmt.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ class Validator:
                 logits, _ = model(b.src, b.src_len, b.tgt_in)
             loss_sum += float(nll_loss(logits, b.tgt_out))
             n_tok += b.n_tgt_tokens
-        hyps = [tr.text for tr in self.translator.translate(self.bleu_src)]
+        hyps = self.hypotheses(model)
         model.train()
         loss = loss_sum / max(1, n_tok)
         return {
@@ -152,6 +153,22 @@ class Validator:
             "chrf": sacrebleu.corpus_chrf(hyps, [self.bleu_ref]).score,
             "example": hyps[0] if hyps else "",
         }
+
+    def hypotheses(self, model: Seq2Seq, search: SearchOptions | None = None) -> list[str]:
+        """``model``'s translations of the BLEU sentences, with the validation search or ``search``."""
+        tr = self.translator
+        if model is not tr.model or search is not None:
+            tr = Translator(model, tr.tok, tr.device, search or tr.search, tr.max_tokens, tr.max_input_len)
+        return [t.text for t in tr.translate(self.bleu_src)]
+
+    def bleu(self, model: Seq2Seq, search: SearchOptions | None = None) -> float:
+        """Corpus BLEU of ``model`` on the BLEU sentences (the validation search, or ``search``)."""
+        return sacrebleu.corpus_bleu(self.hypotheses(model, search), [self.bleu_ref]).score
+
+    @property
+    def sentences(self) -> int:
+        """How many validation sentences BLEU is computed on (``data.valid_max_sentences``)."""
+        return len(self.bleu_src)
 
     def plot(self, step: int) -> dict[str, Path]:
         """Heatmaps of the first few validation sentences (saved in the run directory, sent to wandb)."""

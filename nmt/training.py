@@ -1,4 +1,5 @@
-"""Config → the trainer and its collaborators (optimiser, schedule, precision, validator, saver).
+"""Config → the trainer and its collaborators (optimiser, schedule, precision, validator, saver), and the
+finisher that averages and tunes decoding once training has ended.
 
 The one place that reads the ``trainer`` config section; ``nmt.trainer`` gets plain objects.
 Also: which config changes a resumed run may make, and which earlier run a bare
@@ -18,6 +19,7 @@ import torch
 from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist
 from nmt.errors import ConfigError
+from nmt.finishing import DecodingGrid, Finisher
 from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq
 from nmt.rundir import RunDir, discover_runs
@@ -142,6 +144,12 @@ def build_trainer(
     )
 
 
+def build_finisher(t: Any, rundir: RunDir) -> Finisher:
+    """What the run does after training ends normally: ``trainer.average_last`` and ``trainer.tune_decoding``."""
+    grid = DecodingGrid(tuple(t.tune_beam_sizes), tuple(t.tune_length_penalties)) if t.tune_decoding else None
+    return Finisher(rundir, t.average_last, grid)
+
+
 # ---- resuming ----
 
 # Keys that may change between an interrupted run and its resumption without being named in
@@ -159,6 +167,10 @@ RESUME_MAY_CHANGE = (
     "trainer.log_seconds",
     "trainer.checkpoint_minutes",
     "trainer.threads",
+    "trainer.average_last",  # these four act only once training has ended
+    "trainer.tune_decoding",
+    "trainer.tune_beam_sizes",
+    "trainer.tune_length_penalties",
     "device",
     "data.dir",
     "data.num_workers",

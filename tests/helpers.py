@@ -26,6 +26,8 @@ TINY = [
     "trainer.lr=3e-3",
     "device=cpu",
     "wandb.mode=disabled",
+    # Choosing decoding defaults costs ~3 s per tiny run (13 decodes); tests/test_finishing.py turns it on.
+    "trainer.tune_decoding=false",
 ]
 
 

@@ -1,0 +1,151 @@
+"""What a run does once training has ended normally (a limit or early stopping; never after an
+interrupt or a fault): average its newest checkpoints and choose each checkpoint's decoding defaults.
+
+- ``averaged.pt`` (``trainer.average_last=N``): the parameter mean of the newest N ``step_N.pt``
+  checkpoints (Junczys-Dowmunt et al. 2016; Vaswani et al. 2017), through the one implementation
+  ``nmt.checkpoint.average``, written weights-only like ``best.pt`` and validated once, so the run's
+  last lines can put its valid BLEU beside ``best.pt``'s.
+- ``decoding`` (``trainer.tune_decoding``): the beam size and GNMT length penalty (Wu et al. 2016)
+  that give the highest BLEU on the validation sentences (``data.valid_max_sentences``), searched
+  over a small grid for ``best.pt`` and ``averaged.pt`` each and stored in the checkpoint as
+  ``{beam_size, length_penalty, bleu, sentences}``. ``nmt.translate``/``evaluate``/``serve`` decode
+  with it when the user sets neither key (``nmt.runtime.decoding_options``). Tuned on valid only,
+  so test.tsv stays unseen.
+
+Plain objects: the grid and the switches come from ``nmt.training.build_finisher``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nmt import checkpoint
+from nmt.heartbeat import heartbeat
+from nmt.models.seq2seq import Seq2Seq
+from nmt.rundir import RunDir
+from nmt.runtime import DEFAULT_SEARCH
+from nmt.search import SearchOptions
+from nmt.trainer import Progress, Validator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodingGrid:
+    """The beam sizes × length penalties tried; beam 1 (greedy) is tried once, as it ignores the penalty."""
+
+    beam_sizes: tuple[int, ...] = (1, 3, 5, 8)
+    length_penalties: tuple[float, ...] = (0.6, 0.8, 1.0, 1.2)
+
+    def points(self) -> list[SearchOptions]:
+        out = []
+        for k in sorted(set(self.beam_sizes)):
+            alphas = [DEFAULT_SEARCH.alpha] if k == 1 else sorted(set(self.length_penalties))
+            out += [SearchOptions(beam_size=k, alpha=a) for a in alphas]
+        return out
+
+
+def choose_decoding(score: Callable[[SearchOptions], float], grid: DecodingGrid) -> tuple[SearchOptions, float]:
+    """The grid point with the highest ``score`` (BLEU); ties go to the smaller beam (faster), then to the
+    length penalty nearest 1.0. Logs every point, a line per beam size."""
+    results = [(o, score(o)) for o in grid.points()]
+    for k in sorted({o.beam_size for o, _ in results}):
+        row = [(o.alpha, b) for o, b in results if o.beam_size == k]
+        shown = f"{row[0][1]:.2f}" if k == 1 else "  ".join(f"lp {a:g}: {b:.2f}" for a, b in row)
+        log.info("  beam %d: BLEU %s", k, shown)
+    return max(results, key=lambda r: (r[1], -r[0].beam_size, -abs(r[0].alpha - DEFAULT_SEARCH.alpha)))
+
+
+@dataclass
+class Finished:
+    """What the end of a run wrote, for its last log lines. ``decoding``: checkpoint path → stored choice."""
+
+    averaged: Path | None = None
+    averaged_from: list[str] = field(default_factory=list)
+    averaged_bleu: float | None = None  # with the validation search, comparable to Progress.best_bleu
+    decoding: dict[Path, dict] = field(default_factory=dict)
+
+    def decodes(self, path: Path) -> str:
+        """'; decodes with beam 5, length penalty 1.0 (valid BLEU ...)' when ``path``'s defaults were chosen."""
+        return f"; decodes with {describe(self.decoding[path])}" if path in self.decoding else ""
+
+    def recommended(self, best: Path, best_bleu: float) -> Path:
+        """The checkpoint to translate with: averaged.pt when it scores higher on valid than best.pt (each with
+        its chosen decoding when both were tuned, else with the validation search)."""
+        if self.averaged is None:
+            return best
+        tuned_avg, tuned_best = self.decoding.get(self.averaged), self.decoding.get(best)
+        if tuned_avg and tuned_best:
+            return self.averaged if tuned_avg["bleu"] > tuned_best["bleu"] else best
+        return self.averaged if (self.averaged_bleu or 0.0) > best_bleu else best
+
+
+class Finisher:
+    """Runs on rank 0 after ``Trainer.fit`` ended by a limit or early stopping (see the module docstring)."""
+
+    def __init__(self, rundir: RunDir, average_last: int = 0, grid: DecodingGrid | None = None):
+        self.rundir, self.average_last, self.grid = rundir, average_last, grid
+
+    def __call__(self, model: Seq2Seq, validator: Validator, progress: Progress) -> Finished:
+        done = Finished()
+        if not (self.average_last or self.grid) or progress.best_bleu < 0:  # nothing asked, or never validated
+            return done
+        scratch = copy.deepcopy(model)  # scored with other weights; the trained model stays as it is
+        if self.average_last:
+            self._average(scratch, validator, done)
+        if self.grid is not None:
+            for path in (self.rundir.best, done.averaged):
+                if path is not None and path.is_file():
+                    done.decoding[path] = self._tune(path, scratch, validator)
+        return done
+
+    def _average(self, scratch: Seq2Seq, validator: Validator, done: Finished) -> None:
+        found = [str(p) for _, p in self.rundir.step_checkpoints()[-self.average_last :]]
+        if len(found) < self.average_last:
+            log.warning("trainer.average_last=%d: the run has only %d step_N.pt", self.average_last, len(found))
+        if not found:
+            return
+        averaged = checkpoint.average(found)
+        done.averaged = self.rundir.write_checkpoint(self.rundir.averaged.name, averaged)
+        done.averaged_from = found
+        scratch.load_state_dict(averaged["model"])
+        with heartbeat(f"validating {done.averaged.name}"):
+            done.averaged_bleu = validator.bleu(scratch)
+
+    def _tune(self, path: Path, scratch: Seq2Seq, validator: Validator) -> dict:
+        """Choose ``path``'s decoding defaults on valid and store them in it (rewritten atomically)."""
+        ckpt = checkpoint.load(path)
+        scratch.load_state_dict(ckpt["model"])
+        grid = self.grid.points()
+        log.info(
+            "choosing decoding defaults for %s on %d valid sentences (%d settings)",
+            path.name,
+            validator.sentences,
+            len(grid),
+        )
+        start = time.monotonic()
+        with heartbeat(f"choosing decoding defaults for {path.name}"):
+            best, bleu = choose_decoding(lambda o: validator.bleu(scratch, o), self.grid)
+        choice = {
+            "beam_size": best.beam_size,
+            "length_penalty": best.alpha,
+            "bleu": round(bleu, 2),
+            "sentences": validator.sentences,
+        }
+        ckpt["decoding"] = choice
+        self.rundir.write_checkpoint(path.name, ckpt)
+        log.info("%s: decoding defaults %s (%.0f s)", path.name, describe(choice), time.monotonic() - start)
+        return choice
+
+
+def describe(choice: dict) -> str:
+    """'beam 5, length penalty 1.0 (valid BLEU 23.10 on 500 sentences)'."""
+    return (
+        f"beam {choice['beam_size']}, length penalty {choice['length_penalty']:g} "
+        f"(valid BLEU {choice['bleu']:.2f} on {choice['sentences']} sentences)"
+    )

@@ -1,0 +1,207 @@
+"""The end of a run: trainer.average_last writes averaged.pt (the mean of the newest step_N.pt), and
+trainer.tune_decoding stores the beam size / length penalty chosen on valid in the checkpoints, which
+nmt.translate / evaluate / serve then decode with unless told otherwise."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from helpers import TINY, run_module
+from nmt import checkpoint
+from nmt.config import DecodeConfig, TrainConfig, validate
+from nmt.distributed import Dist
+from nmt.errors import ConfigError, NmtError
+from nmt.finishing import DecodingGrid, Finished, choose_decoding
+from nmt.rundir import RunDir
+from nmt.runtime import load_translator, search_options
+from nmt.train import finish
+from nmt.trainer import FitResult, Progress
+from nmt.training import config_changes
+
+GRID = ["trainer.tune_beam_sizes=[1,2]", "trainer.tune_length_penalties=[0.5,1.5]"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, sample_dir):
+    """A tiny run that keeps and averages its 3 step checkpoints and chooses decoding on a 3-point grid."""
+    root = tmp_path_factory.mktemp("finish")
+    run = root / "run"
+    args = [
+        f"data.dir={sample_dir}",
+        *TINY,
+        "trainer.max_steps=60",
+        "trainer.valid_every=20",
+        "trainer.keep_last=3",
+        "trainer.average_last=3",
+        "trainer.tune_decoding=true",
+        *GRID,
+        f"hydra.run.dir={run}",
+    ]
+    proc = run_module("nmt.train", args, root / "cache")
+    return RunDir(run), root / "cache", proc
+
+
+def test_averaged_pt_is_the_mean_of_the_newest_step_checkpoints(finished_run):
+    rundir, _, proc = finished_run
+    steps = rundir.step_checkpoints()
+    assert [s for s, _ in steps] == [20, 40, 60]
+    states = [checkpoint.load(p)["model"] for _, p in steps]
+    averaged = checkpoint.load(rundir.averaged)
+    assert "optimizer" not in averaged and "rng" not in averaged  # weights only, like best.pt
+    assert averaged["model"].keys() == states[0].keys()
+    for k, v in averaged["model"].items():
+        if v.is_floating_point():
+            mean = sum(s[k].double() for s in states) / len(states)
+            torch.testing.assert_close(v, mean.to(v.dtype), msg=k)
+    assert any(not torch.equal(v, states[-1][k]) for k, v in averaged["model"].items())  # not the last one again
+    # Validated once, its BLEU beside best.pt's; the run's last lines name it.
+    tail = "\n".join(proc.stderr.splitlines()[-5:])
+    assert re.search(r"averaged step_20\.pt, step_40\.pt, step_60\.pt: valid BLEU [\d.]+ \(best\.pt [\d.]+\)", tail)
+    assert str(rundir.averaged) in tail and "stopping: reached trainer.max_steps=60" in tail
+
+
+def test_decoding_defaults_are_chosen_on_the_grid_and_stored(finished_run):
+    rundir, _, proc = finished_run
+    for path in (rundir.best, rundir.averaged):
+        d = checkpoint.load(path)["decoding"]
+        assert set(d) == {"beam_size", "length_penalty", "bleu", "sentences"}
+        assert (d["beam_size"], d["length_penalty"]) in {(1, 1.0), (2, 0.5), (2, 1.5)}
+        assert d["sentences"] == 40 and 0 <= d["bleu"] <= 100
+        assert f"{path.name}: decoding defaults beam {d['beam_size']}" in proc.stderr
+    assert "choosing decoding defaults for best.pt on 40 valid sentences (3 settings)" in proc.stderr
+
+
+def test_translate_and_evaluate_load_averaged_pt_and_say_which_decoding_they_use(finished_run, tmp_path, sample_dir):
+    rundir, cache, _ = finished_run
+    d = checkpoint.load(rundir.averaged)["decoding"]
+    text = "I like cats.\nWhere is Tom?\n"
+    chosen = run_module("nmt.translate", [f"checkpoint={rundir.averaged}"], cache, stdin=text)
+    assert len(chosen.stdout.splitlines()) == 2
+    line = f"decoding with beam {d['beam_size']}, length penalty {d['length_penalty']:g} (the checkpoint's choice"
+    assert line in chosen.stderr
+    same = [f"beam_size={d['beam_size']}", f"length_penalty={d['length_penalty']}"]
+    given = run_module("nmt.translate", [f"checkpoint={rundir.averaged}", *same], cache, stdin=text)
+    assert given.stdout == chosen.stdout and "(as given)" in given.stderr
+    js = tmp_path / "scores.json"
+    run_module("nmt.evaluate", [f"checkpoint={rundir.averaged}", f"input={sample_dir}/test.tsv", f"json={js}"], cache)
+    s = json.loads(js.read_text())
+    assert (s["beam_size"], s["length_penalty"]) == (d["beam_size"], d["length_penalty"])
+
+
+def with_decoding(src, dst, decoding: dict | None) -> str:
+    ckpt = checkpoint.load(src)
+    ckpt.pop("decoding", None)
+    if decoding is not None:
+        ckpt["decoding"] = decoding
+    checkpoint.save(dst, ckpt)
+    return str(dst)
+
+
+def decode_cfg(path: str, **keys) -> SimpleNamespace:
+    return OmegaConf.merge(OmegaConf.structured(DecodeConfig), {"checkpoint": path, "device": "cpu", **keys})
+
+
+def test_stored_defaults_change_what_translate_uses_and_an_explicit_key_wins(finished_run, tmp_path, caplog):
+    rundir, _, _ = finished_run
+    stored = {"beam_size": 1, "length_penalty": 0.7, "bleu": 1.0, "sentences": 40}
+    tuned = with_decoding(rundir.best, tmp_path / "tuned.pt", stored)
+    old = with_decoding(rundir.best, tmp_path / "old.pt", None)  # as written before decoding was stored
+    with caplog.at_level(logging.INFO, logger="nmt.runtime"):
+        s = load_translator(decode_cfg(tuned)).search
+    assert (s.beam_size, s.alpha) == (1, 0.7)
+    assert "decoding with beam 1, length penalty 0.7 (the checkpoint's choice on valid" in caplog.text
+    s = load_translator(decode_cfg(old)).search
+    assert (s.beam_size, s.alpha) == (5, 1.0)  # old checkpoints keep 5 / 1.0
+    s = load_translator(decode_cfg(tuned, beam_size=4)).search
+    assert (s.beam_size, s.alpha) == (4, 0.7)  # the key given wins, the other stays the checkpoint's
+    s = load_translator(decode_cfg(tuned, beam_size=3, length_penalty=0.0)).search
+    assert (s.beam_size, s.alpha) == (3, 0.0)
+    # What translate produces follows: the stored beam 1 is greedy search, the default beam 5 is not.
+    src = ["I like cats.", "Where is Tom?", "It is raining today in the town."]
+    greedy = [t.text for t in load_translator(decode_cfg(old, beam_size=1)).translate(src)]
+    assert [t.text for t in load_translator(decode_cfg(tuned)).translate(src)] == greedy
+
+
+def test_search_options_resolution():
+    stored = {"beam_size": 3, "length_penalty": 0.6, "bleu": 20.0, "sentences": 500}
+    opts, line = search_options(decode_cfg("x.pt"), stored)
+    assert (opts.beam_size, opts.alpha) == (3, 0.6) and "checkpoint's choice on valid, BLEU 20.00 on 500" in line
+    opts, line = search_options(decode_cfg("x.pt", length_penalty=1.0), stored)
+    assert (opts.beam_size, opts.alpha) == (3, 1.0) and "length_penalty as given, the rest the checkpoint's" in line
+    opts, line = search_options(decode_cfg("x.pt"), None)
+    assert (opts.beam_size, opts.alpha) == (5, 1.0) and "defaults: the checkpoint stores no choice" in line
+    opts, _ = search_options(decode_cfg("x.pt", n_best=4), stored)
+    assert opts.beam_size == 4  # n-best needs that many beams; no beam_size was given
+    with pytest.raises(ConfigError, match="n_best=4 needs beam_size >= 4"):
+        search_options(decode_cfg("x.pt", n_best=4, beam_size=2), stored)
+
+
+def test_choose_decoding_tries_greedy_once_and_breaks_ties_towards_the_cheaper_setting():
+    grid = DecodingGrid((8, 1, 5), (1.2, 0.6, 1.0))
+    points = [(o.beam_size, o.alpha) for o in grid.points()]
+    assert points == [(1, 1.0), (5, 0.6), (5, 1.0), (5, 1.2), (8, 0.6), (8, 1.0), (8, 1.2)]
+    flat = {(5, 0.6): 30.0, (5, 1.2): 30.0, (8, 0.6): 30.0}
+    best, bleu = choose_decoding(lambda o: flat.get((o.beam_size, o.alpha), 10.0), grid)
+    assert (best.beam_size, best.alpha, bleu) == (5, 1.2, 30.0)  # smaller beam first, then the penalty nearest 1.0
+    best, _ = choose_decoding(lambda o: 12.0 if o.beam_size == 8 and o.alpha == 0.6 else 10.0, grid)
+    assert (best.beam_size, best.alpha) == (8, 0.6)
+
+
+def test_average_last_needs_keep_last_and_the_grid_must_not_be_empty():
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.attention.name = "bahdanau"
+    cfg.trainer.average_last, cfg.trainer.keep_last = 5, 2
+    cfg.trainer.tune_beam_sizes = []
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, "train")
+    lines = str(e.value).splitlines()
+    assert lines == [
+        "trainer.average_last=5 averages the newest step_N.pt checkpoints: needs trainer.keep_last >= 5 (got 2)",
+        "trainer.tune_beam_sizes=[]: expected a list of integers >= 1",
+    ]
+    cfg.trainer.keep_last, cfg.trainer.tune_beam_sizes = 5, [1, 5]
+    validate(cfg, "train")
+
+
+def test_average_last_without_keep_last_fails_before_any_work(tmp_path, sample_dir):
+    args = [f"data.dir={sample_dir}", *TINY, "trainer.average_last=3", f"hydra.run.dir={tmp_path}/run"]
+    proc = run_module("nmt.train", args, tmp_path / "cache", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("needs trainer.keep_last >= 3 (got 0)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_runs_from_before_these_keys_resume_and_may_turn_them_on():
+    saved = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
+    for key in ("average_last", "tune_decoding", "tune_beam_sizes", "tune_length_penalties"):
+        del saved["trainer"][key]
+    current = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
+    current["trainer"]["average_last"] = 2
+    assert config_changes(saved, current, []) == []
+
+
+@pytest.mark.parametrize("how", ["interrupted", "fault"])
+def test_an_interrupted_or_faulted_run_is_not_finished(tmp_path, how):
+    calls = []
+    saver = SimpleNamespace(failed=False)
+    trainer = SimpleNamespace(progress=Progress(step=7, best_bleu=1.0), saver=saver, dist=Dist())
+    result = FitResult("x", {}, signum=15) if how == "interrupted" else FitResult("x", {}, fault=True)
+    with pytest.raises(SystemExit if how == "interrupted" else NmtError):
+        finish(result, trainer, RunDir(tmp_path), [], lambda *a: calls.append(a) or Finished())
+    assert calls == [] and not RunDir(tmp_path).averaged.exists()
+
+
+def test_recommended_checkpoint_is_the_better_one_on_valid(tmp_path):
+    best, avg = tmp_path / "best.pt", tmp_path / "averaged.pt"
+    done = Finished(averaged=avg, averaged_bleu=20.0)
+    assert done.recommended(best, 21.0) == best and done.recommended(best, 19.0) == avg
+    done.decoding = {best: {"bleu": 22.0}, avg: {"bleu": 22.5}}
+    assert done.recommended(best, 21.0) == avg  # with tuned decoding, its BLEU decides
+    assert Finished().recommended(best, 1.0) == best
