@@ -184,3 +184,12 @@ def test_three_way_tying_is_one_parameter_smaller_by_one_matrix_and_round_trips(
 def test_three_way_tying_refuses_two_vocabularies():
     with pytest.raises(ConfigError, match="source has 40 pieces and the target 50"):
         model_from_config(train_config(model={"tie_all_embeddings": True}), V, 50, "cpu")
+
+
+def test_a_run_from_before_these_keys_resumes_without_reporting_them():
+    from nmt.training import config_changes
+
+    new = OmegaConf.to_container(train_config())
+    assert config_changes(old_checkpoint_config(), new, []) == []
+    new["encoder"]["layer_norm"] = True
+    assert config_changes(old_checkpoint_config(), new, []) == ["encoder.layer_norm: '<absent>' -> True"]
