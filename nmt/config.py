@@ -73,7 +73,9 @@ class EncoderConfig:
     emb_size: int = 256
     hidden_size: int = 256  # per direction; keys/values are 2 * hidden_size wide
     layers: int = 1
-    dropout: float = 0.2
+    dropout: float = 0.2  # between RNN layers and on the outputs (the attention keys)
+    emb_dropout: float | None = None  # on the source embeddings (null = the same as dropout)
+    layer_norm: bool = False  # layer-normalised GRU/LSTM cells (Ba et al. 2016); computed by the step loops
 
 
 @dataclass
@@ -94,7 +96,9 @@ class DecoderConfig:
     emb_size: int = 256
     hidden_size: int = 512  # the decoder RNN's state size
     layers: int = 1
-    dropout: float = 0.2
+    dropout: float = 0.2  # between RNN layers and on the readout (bahdanau) / attentional vector (luong)
+    emb_dropout: float | None = None  # on the target embeddings (null = the same as dropout)
+    layer_norm: bool = False  # layer-normalised GRU/LSTM cells (Ba et al. 2016); computed by the step loops
     input_feeding: bool = True  # luong order only: feed the last attentional vector to the RNN
     tie_embeddings: bool = False  # output projection shares the target embedding matrix
 
@@ -166,6 +170,9 @@ class TrainerConfig:
 @dataclass
 class ModelConfig:
     rnn_impl: str = "auto"  # auto | eager | loop | cudnn (how the RNNs are computed; nmt.models.rnn)
+    # One matrix for the source embedding, the target embedding and the output layer (implies
+    # decoder.tie_embeddings); needs tokenizer.joint=true and encoder.emb_size == decoder.emb_size.
+    tie_all_embeddings: bool = False
 
 
 @dataclass
@@ -344,6 +351,12 @@ def _train_problems(cfg: Any) -> list[str]:
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
     if cfg.data.source == "hub" and not cfg.data.hub_path:
         problems.append("data.source=hub needs data.hub_path (e.g. Helsinki-NLP/opus-100)")
+    for key in ("encoder.dropout", "encoder.emb_dropout", "decoder.dropout", "decoder.emb_dropout"):
+        section, _, name = key.partition(".")
+        p = cfg[section].get(name)
+        if p is not None and not 0.0 <= p < 1.0:
+            problems.append(f"{key}={p}: expected a probability in [0, 1)")
+    problems += _model_problems(cfg)
     if a.name == "dot" and dec.hidden_size != 2 * enc.hidden_size:
         problems.append(
             f"attention=dot needs decoder.hidden_size ({dec.hidden_size}) == 2 * encoder.hidden_size "
@@ -379,6 +392,26 @@ def _finishing_problems(t: Any) -> list[str]:
             problems.append(f"trainer.tune_beam_sizes={list(t.tune_beam_sizes)}: expected a list of integers >= 1")
         if not t.tune_length_penalties:
             problems.append("trainer.tune_length_penalties=[]: expected at least one length penalty")
+    return problems
+
+
+def _model_problems(cfg: Any) -> list[str]:
+    """Layer norm against the RNN implementation, and three-way tying against the vocabulary and sizes
+    (the messages are the model builders' own, imported only when needed: they bring torch)."""
+    problems = []
+    if cfg.model.rnn_impl == "cudnn" and (cfg.encoder.layer_norm or cfg.decoder.layer_norm):
+        from nmt.models.rnn import CUDNN_LAYER_NORM
+
+        problems.append(CUDNN_LAYER_NORM)
+    if cfg.model.tie_all_embeddings:
+        from nmt.models.build import tie_all_problem
+
+        if not cfg.tokenizer.joint:
+            problems.append(
+                "model.tie_all_embeddings=true needs tokenizer.joint=true: one vocabulary for source and target"
+            )
+        if problem := tie_all_problem(cfg.encoder.emb_size, cfg.decoder.emb_size):
+            problems.append(problem)
     return problems
 
 

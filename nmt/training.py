@@ -194,13 +194,19 @@ def _may_change(key: str, allowed: tuple[str, ...]) -> bool:
 
 
 def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[str]:
-    """Keys whose values differ between two configs, minus those allowed to change."""
+    """Keys whose values differ between two configs, minus those allowed to change. A key the saved
+    config lacks (its run predates the key) counts as its schema default: the old behaviour."""
+    from omegaconf import OmegaConf
+
+    from nmt.config import TrainConfig
+
+    defaults = flatten(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
     a, b = flatten(saved), flatten(current)
     ok = RESUME_MAY_CHANGE + tuple(allowed)
     return [
         f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
         for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k) and not _may_change(k, ok)
+        if a.get(k, defaults.get(k)) != b.get(k) and not _may_change(k, ok)
     ]
 
 

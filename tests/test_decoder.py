@@ -22,11 +22,19 @@ def tiny_model(
     layers: int = 1,
     tie: bool = False,
     rnn_impl: str = "auto",
+    layer_norm: bool = False,
 ):
     cfg = OmegaConf.structured(TrainConfig)
-    cfg.encoder.update(cell=cell, emb_size=8, hidden_size=6, layers=layers, dropout=0.0)
+    cfg.encoder.update(cell=cell, emb_size=8, hidden_size=6, layers=layers, dropout=0.0, layer_norm=layer_norm)
     cfg.decoder.update(
-        order=order, emb_size=8, hidden_size=12, layers=layers, dropout=0.0, input_feeding=feed, tie_embeddings=tie
+        order=order,
+        emb_size=8,
+        hidden_size=12,
+        layers=layers,
+        dropout=0.0,
+        input_feeding=feed,
+        tie_embeddings=tie,
+        layer_norm=layer_norm,
     )
     cfg.attention.name = attention
     if attention == "dot" or attention == "scaled_dot":
@@ -155,11 +163,17 @@ def loss_and_grads(model, b):
 
 @pytest.mark.parametrize("order,cell,feed", CASES)
 @pytest.mark.parametrize("layers", [1, 2])
-def test_one_weight_gradient_per_pass_matches_per_step_autograd(order, cell, feed, layers, seeded):
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_one_weight_gradient_per_pass_matches_per_step_autograd(order, cell, feed, layers, layer_norm, seeded):
     """The ``loop`` RNNs (StepLinear: ∂W once per pass, in the encoder and the decoder) give the ``eager``
-    ones' (packed nn.GRU/nn.LSTM encoder, per-step F.linear decoder loop) logits, loss and gradients."""
-    model = tiny_model(order, cell, feed, layers=layers, rnn_impl="loop").train()
-    eager = tiny_model(order, cell, feed, layers=layers, rnn_impl="eager").train()
+    ones' (packed nn.GRU/nn.LSTM encoder, per-step F.linear decoder loop) logits, loss and gradients;
+    with layer-normalised cells too (both then step loops; every layer-norm gain's gradient compared)."""
+    model = tiny_model(order, cell, feed, layers=layers, rnn_impl="loop", layer_norm=layer_norm).train()
+    eager = tiny_model(order, cell, feed, layers=layers, rnn_impl="eager", layer_norm=layer_norm).train()
+    with torch.no_grad():  # gains and shifts away from 1 and 0, so that their gradients differ per entry
+        for n, p in model.named_parameters():
+            if ".ln_" in n:
+                p.uniform_(0.5, 1.5)
     eager.load_state_dict(model.state_dict())
     b = random_batch()
     loss, grads = loss_and_grads(model, b)

@@ -11,15 +11,34 @@ from nmt.models.encoder import Encoder
 from nmt.models.rnn import resolve_impl
 
 
-def encoder(cell: str, layers: int, impl: str) -> Encoder:
-    return Encoder(30, 8, 6, layers, cell, dropout=0.0, dec_size=10, dec_layers=1, dec_cell=cell, rnn_impl=impl)
+def encoder(cell: str, layers: int, impl: str, layer_norm: bool = False) -> Encoder:
+    return Encoder(
+        30,
+        8,
+        6,
+        layers,
+        cell,
+        dropout=0.0,
+        dec_size=10,
+        dec_layers=1,
+        dec_cell=cell,
+        rnn_impl=impl,
+        layer_norm=layer_norm,
+    )
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_step_loop_matches_packed_rnn_outputs_states_and_gradients(cell, layers, seeded):
-    loop = encoder(cell, layers, "loop").train()
-    eager = encoder(cell, layers, "eager").train()
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_step_loop_matches_packed_rnn_outputs_states_and_gradients(cell, layers, layer_norm, seeded):
+    """Without layer norm ``eager`` is nn.GRU/nn.LSTM over packed sequences; with it, the plain step loop
+    (ordinary autograd), which ``loop`` (StepLinear) must equal too, layer-norm gains included."""
+    loop = encoder(cell, layers, "loop", layer_norm).train()
+    eager = encoder(cell, layers, "eager", layer_norm).train()
+    with torch.no_grad():  # gains and shifts away from 1 and 0, so that their gradients differ per entry
+        for n, p in loop.rnn.named_parameters():
+            if n.startswith("ln_"):
+                p.uniform_(0.5, 1.5)
     eager.load_state_dict(loop.state_dict())
     src_len = torch.tensor([5, 1, 7, 3])  # one full-length, one single-token sentence
     src = torch.randint(4, 30, (4, 7))

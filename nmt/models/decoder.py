@@ -68,14 +68,19 @@ class Decoder(nn.Module):
         out_size: int,
         tie_embeddings: bool,
         rnn_impl: str = "loop",
+        emb_dropout: float | None = None,
+        layer_norm: bool = False,
     ):
+        """``dropout``: between RNN layers and on the readout / attentional vector; ``emb_dropout``: on
+        the target embeddings (None = ``dropout``); ``layer_norm``: layer-normalised cells (nmt.models.rnn)."""
         super().__init__()
         check_cell(cell, "decoder.cell")
         self.emb_size, self.hidden_size, self.layers = emb_size, hidden_size, layers
         self.key_size, self.out_size = key_size, out_size
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
+        self.emb_dropout = nn.Dropout(dropout if emb_dropout is None else emb_dropout)
         self.dropout = nn.Dropout(dropout)
-        self.rnn = RNN(cell, emb_size + extra_input, hidden_size, layers, dropout, bidirectional=False, impl=rnn_impl)
+        self.rnn = RNN(cell, emb_size + extra_input, hidden_size, layers, dropout, False, rnn_impl, layer_norm)
         self.attention = attention
         self.out = nn.Linear(out_size, vocab_size)
         if tie_embeddings:
@@ -148,6 +153,7 @@ class BahdanauDecoder(Decoder):
         key_size: int,
         tie_embeddings: bool,
         rnn_impl: str = "loop",
+        **options,  # Decoder's emb_dropout, layer_norm
     ):
         out_size = emb_size if tie_embeddings else hidden_size
         super().__init__(
@@ -163,6 +169,7 @@ class BahdanauDecoder(Decoder):
             out_size=out_size,
             tie_embeddings=tie_embeddings,
             rnn_impl=rnn_impl,
+            **options,
         )
         self.readout = nn.Linear(hidden_size + key_size + emb_size, out_size)
 
@@ -175,12 +182,12 @@ class BahdanauDecoder(Decoder):
         return ctx, w, DecoderState(hidden, self.attention.advance(state.attn, w), state.weights)
 
     def step(self, y_prev, state):
-        emb = self.dropout(self.embed(y_prev))  # [B, E]
+        emb = self.emb_dropout(self.embed(y_prev))  # [B, E]
         ctx, w, state = self._core(self.rnn.first_gates(state.weights, emb), state)
         return self.out(self._readout(top(state.hidden), ctx, emb)), state, w
 
     def _teacher_forced(self, tgt_in, enc):
-        emb = self.dropout(self.embed(tgt_in))  # [B, T, E]
+        emb = self.emb_dropout(self.embed(tgt_in))  # [B, T, E]
         # Embedding gates once for all steps, split into per-step views with one unbind: indexing
         # gx[:, t] instead would make backward zero-fill and add a full [B, T, G*H] gradient per step.
         state = self.init_state(enc)
@@ -211,6 +218,7 @@ class LuongDecoder(Decoder):
         tie_embeddings: bool,
         input_feeding: bool,
         rnn_impl: str = "loop",
+        **options,  # Decoder's emb_dropout, layer_norm
     ):
         out_size = emb_size if tie_embeddings else hidden_size
         super().__init__(
@@ -226,6 +234,7 @@ class LuongDecoder(Decoder):
             out_size=out_size,
             tie_embeddings=tie_embeddings,
             rnn_impl=rnn_impl,
+            **options,
         )
         self.input_feeding = input_feeding
         self.combine = nn.Linear(key_size + hidden_size, out_size, bias=False)
@@ -247,12 +256,12 @@ class LuongDecoder(Decoder):
         return att, w, DecoderState(hidden, attn, state.weights, att if self.input_feeding else None)
 
     def step(self, y_prev, state):
-        emb = self.dropout(self.embed(y_prev))  # [B, E]
+        emb = self.emb_dropout(self.embed(y_prev))  # [B, E]
         att, w, state = self._core(self.rnn.first_gates(state.weights, emb), state)
         return self.out(att), state, w
 
     def _teacher_forced(self, tgt_in, enc):
-        emb = self.dropout(self.embed(tgt_in))  # [B, T, E]
+        emb = self.emb_dropout(self.embed(tgt_in))  # [B, T, E]
         if not self.input_feeding and self.attention.parallel:
             # Nothing depends on the previous output: one RNN call over all steps, then
             # attention for all steps as batched matrix products.

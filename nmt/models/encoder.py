@@ -64,12 +64,17 @@ class Encoder(nn.Module):
         dec_layers: int,
         dec_cell: str,
         rnn_impl: str = "loop",
+        emb_dropout: float | None = None,
+        layer_norm: bool = False,
     ):
+        """``dropout``: between RNN layers and on the outputs (keys); ``emb_dropout``: on the embeddings
+        (None = ``dropout``); ``layer_norm``: layer-normalised cells (nmt.models.rnn)."""
         super().__init__()
         self.lstm = check_cell(cell, "encoder.cell") == "lstm"
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
+        self.emb_dropout = nn.Dropout(dropout if emb_dropout is None else emb_dropout)
         self.dropout = nn.Dropout(dropout)
-        self.rnn = RNN(cell, emb_size, hidden_size, layers, dropout, bidirectional=True, impl=rnn_impl)
+        self.rnn = RNN(cell, emb_size, hidden_size, layers, dropout, True, rnn_impl, layer_norm)
         # An LSTM decoder needs a cell state: a GRU encoder's h serves as the source for both.
         self.dec_lstm = dec_cell == "lstm"
         self.bridge = Bridge(hidden_size, dec_size, dec_layers, self.dec_lstm)
@@ -77,7 +82,7 @@ class Encoder(nn.Module):
 
     def forward(self, src: torch.Tensor, src_len: torch.Tensor) -> EncoderOutput:
         """src [B, S], src_len [B] → keys [B, S, 2E], mask, decoder initial state."""
-        emb = self.dropout(self.embed(src))  # [B, S, E_emb]
+        emb = self.emb_dropout(self.embed(src))  # [B, S, E_emb]
         mask = src != PAD
         keys, final = self.rnn.encode(emb, src_len)  # [B, S, 2E] (0 at padding), [2L, B, E] (each of h, c)
         h = final[0] if self.lstm else final  # [2L, B, E]

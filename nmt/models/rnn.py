@@ -28,10 +28,22 @@ autograd runs after all of them (every step depends on it) computes the weight g
 It can also run the products in a lower precision (bf16 on CPUs with matrix units): the
 weight is cast once per pass instead of once per step, and inputs/outputs are cast at the
 product only, so the recurrent state and the element-wise gate maths stay in float32.
+
+Layer-normalised cells (``layer_norm=True``; Ba, Kiros & Hinton 2016, "Layer Normalization", §3.1
+and their LN-LSTM): the input and the recurrent pre-activations are normalised separately over
+all G·H gates, LN(W_ih x; g_ih) + b_ih and LN(W_hh h; g_hh) + b_hh, and an LSTM's output reads
+LN(c_t; g_c, b_c). The shifts of the two gate norms are the cell's own biases (the paper's β₁, β₂
+and b only ever appear as a sum), so the parameters are nn.GRU/nn.LSTM's plus the gains (and the
+LSTM's cell-norm pair), named ``ln_ih_l0``, ``ln_hh_l0``, ``ln_c_l0``, ``ln_c_bias_l0`` (+ ``_reverse``).
+No fused kernel (cuDNN, oneDNN) has such a cell, so with layer norm every implementation runs the
+step loops: ``eager`` with ``EagerLinear``, ``loop`` with ``StepLinear`` (the normalisation sits
+after the product, so each pass still computes one weight gradient per weight), and ``auto``
+resolves to ``loop`` on every device; ``cudnn`` is refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,21 +57,31 @@ from nmt.errors import ConfigError
 IMPLS = ("auto", "cudnn", "eager", "loop")
 CELLS = ("gru", "lstm")
 
+# The one-line refusal of cuDNN with layer-normalised cells (also raised by nmt.config.validate).
+CUDNN_LAYER_NORM = (
+    "model.rnn_impl=cudnn cannot compute layer-normalised cells (encoder/decoder.layer_norm=true): cuDNN has "
+    "no such cell; use model.rnn_impl=auto or loop (the step loops, on GPU too)"
+)
+
 # A recurrent state: h [L·D, B, H] for GRU, (h, c) for LSTM.
 RNNState = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
-def resolve_impl(impl: str, device: Any = "cpu") -> str:
-    """``model.rnn_impl`` and the model's device → ``eager``, ``loop`` or ``cudnn``.
+def resolve_impl(impl: str, device: Any = "cpu", layer_norm: bool = False) -> str:
+    """``model.rnn_impl``, the model's device and whether any RNN is layer-normalised → ``eager``,
+    ``loop`` or ``cudnn``.
 
     ``auto`` is today's fastest choice per device: the step loops on CPU (PyTorch's packed CPU
-    RNN backward is about half as fast for model R, docs/benchmarks.md), cuDNN on CUDA.
+    RNN backward is about half as fast for model R, docs/benchmarks.md), cuDNN on CUDA; with layer
+    norm the step loops everywhere (cuDNN has no layer-normalised cell).
     """
     if impl not in IMPLS:
         raise ConfigError(f"model.rnn_impl={impl!r} is unknown; choose one of {', '.join(IMPLS)}")
+    if impl == "cudnn" and layer_norm:
+        raise ConfigError(CUDNN_LAYER_NORM)
     if impl != "auto":
         return impl
-    return "cudnn" if torch.device(device).type == "cuda" else "loop"
+    return "cudnn" if torch.device(device).type == "cuda" and not layer_norm else "loop"
 
 
 class _Tape:
@@ -146,19 +168,47 @@ class EagerLinear:
 
 
 def rnn_cell(
-    gx: torch.Tensor, gh: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None
+    gx: torch.Tensor,
+    gh: torch.Tensor,
+    h: torch.Tensor,
+    c: torch.Tensor | None,
+    norm_c: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One GRU (c is None) or LSTM step from input gates gx and hidden gates gh [B, G*H]
-    (PyTorch's equations and gate order, so nn.GRU/nn.LSTM weights plug in unchanged)."""
+    (PyTorch's equations and gate order, so nn.GRU/nn.LSTM weights plug in unchanged).
+    ``norm_c``: the LN-LSTM's cell norm, h_t = σ(o) ⊙ tanh(LN(c_t)) (Ba et al. 2016); c_t itself
+    is carried unnormalised."""
     if c is not None:
         i, f, g, o = (gx + gh).chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        return torch.sigmoid(o) * torch.tanh(c), c
+        return torch.sigmoid(o) * torch.tanh(c if norm_c is None else norm_c(c)), c
     xr, xz, xn = gx.chunk(3, dim=1)
     hr, hz, hn = gh.chunk(3, dim=1)
     r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
     n = torch.tanh(xn + r * hn)
     return n + z * (h - n), None
+
+
+class LayerNorm:
+    """x [.., N] → LN(x) · gain + shift over the last dimension (Ba et al. 2016, eq. 4), with
+    parameters that live elsewhere (the RNN's): a plain callable, made per pass like the products."""
+
+    def __init__(self, gain: torch.Tensor, shift: torch.Tensor | None):
+        self.gain, self.shift = gain, shift
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], self.gain, self.shift)
+
+
+class Normed:
+    """A product, then layer norm: x → LN(x Wᵀ) · g + b [.., G*H]: layer-normalised gate
+    pre-activations whose shift is the cell's own bias (Ba et al. 2016, §3.1)."""
+
+    def __init__(self, product: Callable[[torch.Tensor], torch.Tensor], norm: LayerNorm):
+        self.product, self.norm = product, norm
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.product(x))
 
 
 @dataclass
@@ -173,13 +223,18 @@ class StepWeights:
     rest: Any | None  # layer 0's remaining input columns (context / fed vector), or None
     ih: list  # input products of layers 1..L-1
     hh: list  # hidden products of every layer
+    # Layer norm only: layer 0's input norm (applied to first + rest, so per step when rest exists) and
+    # each layer's LSTM cell norm (None entries without).
+    norm0: LayerNorm | None = None
+    cell_norms: list | None = None
 
 
 class RNN(nn.RNNBase):
     """A stacked (bi)directional GRU/LSTM (batch first), computed by the implementation ``impl``.
 
     Its parameters are exactly an ``nn.GRU``/``nn.LSTM``'s (same names, shapes and gate order), so
-    ``nn.GRU.forward``/``nn.LSTM.forward`` run on it unchanged (cuDNN on GPU).
+    ``nn.GRU.forward``/``nn.LSTM.forward`` run on it unchanged (cuDNN on GPU). ``layer_norm`` adds
+    the layer-norm gains (module docstring) and runs every implementation as step loops.
     """
 
     def __init__(
@@ -191,9 +246,12 @@ class RNN(nn.RNNBase):
         dropout: float,
         bidirectional: bool,
         impl: str,
+        layer_norm: bool = False,
     ):
         if impl not in IMPLS[1:]:
             raise ValueError(f"RNN impl {impl!r}: resolve it first (resolve_impl)")
+        if impl == "cudnn" and layer_norm:
+            raise ConfigError(CUDNN_LAYER_NORM)
         super().__init__(
             cell.upper(),
             input_size,
@@ -203,17 +261,35 @@ class RNN(nn.RNNBase):
             dropout=dropout if layers > 1 else 0.0,
             bidirectional=bidirectional,
         )
-        self.impl, self.lstm = impl, cell == "lstm"
+        self.impl, self.lstm, self.layer_norm = impl, cell == "lstm", layer_norm
         # Dtype of the loops' products (None = the surrounding one); only Seq2Seq.set_matmul_dtype
         # sets it. The weights are cast once per pass; state and gate maths stay float32.
         self.matmul_dtype: torch.dtype | None = None
+        if layer_norm:
+            gates = self.weight_hh_l0.size(0)  # G·H
+            for layer in range(layers):
+                for sfx in ("", "_reverse") if bidirectional else ("",):
+                    self.register_parameter(f"ln_ih_l{layer}{sfx}", nn.Parameter(torch.ones(gates)))
+                    self.register_parameter(f"ln_hh_l{layer}{sfx}", nn.Parameter(torch.ones(gates)))
+                    if self.lstm:
+                        self.register_parameter(f"ln_c_l{layer}{sfx}", nn.Parameter(torch.ones(hidden_size)))
+                        self.register_parameter(f"ln_c_bias_l{layer}{sfx}", nn.Parameter(torch.zeros(hidden_size)))
+
+    def reset_layer_norm(self) -> None:
+        """Gains 1, cell-norm shifts 0 (Ba et al. 2016): the start, after a model-wide initialisation."""
+        for name, p in self.named_parameters():
+            if name.startswith("ln_"):
+                nn.init.constant_(p, 0.0 if name.startswith("ln_c_bias") else 1.0)
 
     @property
     def _torch(self) -> type[nn.RNNBase]:
         return nn.LSTM if self.lstm else nn.GRU
 
     def forward(self, x: torch.Tensor, hx: RNNState | None = None):
-        """nn.GRU/nn.LSTM's forward (x [B, T, I] or packed) on these parameters."""
+        """nn.GRU/nn.LSTM's forward (x [B, T, I] or packed) on these parameters; with layer norm,
+        x [B, T, I] only (every sequence full length), through the step loops."""
+        if self.layer_norm:
+            return self._step_loop(x, torch.full((x.size(0),), x.size(1), device=x.device), hx)
         return self._torch.forward(self, x, hx)
 
     # nn.LSTM's forward calls these LSTM-specific overrides (a pair of states).
@@ -233,15 +309,31 @@ class RNN(nn.RNNBase):
     def _w(self, name: str, layer: int, reverse: bool = False) -> torch.Tensor:
         return getattr(self, f"{name}_l{layer}{'_reverse' if reverse else ''}")
 
+    def _norm(self, kind: str, layer: int, reverse: bool = False) -> LayerNorm | None:
+        """Layer ``layer``'s norm of the ``ih``/``hh`` gate pre-activations (shifted by that bias), or
+        of the LSTM cell (``c``); None without layer norm (or for ``c`` in a GRU)."""
+        if not self.layer_norm or (kind == "c" and not self.lstm):
+            return None
+        shift = self._w("ln_c_bias" if kind == "c" else f"bias_{kind}", layer, reverse)
+        return LayerNorm(self._w(f"ln_{kind}", layer, reverse), shift)
+
+    def _gates(self, kind: str, layer: int, reverse: bool = False):
+        """x → layer ``layer``'s ``ih``/``hh`` gate pre-activations [.., G*H]: W x + b, or with layer
+        norm LN(W x; g) + b."""
+        weight, bias = self._w(f"weight_{kind}", layer, reverse), self._w(f"bias_{kind}", layer, reverse)
+        norm = self._norm(kind, layer, reverse)
+        return self._linear(weight, bias) if norm is None else Normed(self._linear(weight), norm)
+
     # ---- the encoder: whole padded sentences ----
     def encode(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, RNNState]:
         """x [B, S, I], lengths [B] → outputs [B, S, D·H] (0 at padding), final states [L·D, B, H].
 
         ``loop`` runs explicit step loops: on CPUs PyTorch's packed RNN backward zero-fills and adds
         a full [N, G*H] input-gate gradient per time step, which the loop avoids (about twice as
-        fast for model R's encoder, docs/benchmarks.md). The others call nn.GRU/nn.LSTM.
+        fast for model R's encoder, docs/benchmarks.md). The others call nn.GRU/nn.LSTM, except
+        with layer norm, which only the step loops compute.
         """
-        if self.impl == "loop":
+        if self.impl == "loop" or self.layer_norm:
             return self._step_loop(x, lengths)
         return self._packed(x, lengths)
 
@@ -252,15 +344,19 @@ class RNN(nn.RNNBase):
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.size(1))  # [B, S, D·H]
         return out, final
 
-    def _step_loop(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, RNNState]:
+    def _step_loop(
+        self, x: torch.Tensor, lengths: torch.Tensor, hx: RNNState | None = None
+    ) -> tuple[torch.Tensor, RNNState]:
         """The same RNN as explicit step loops; the same outputs and final states as ``_packed``.
         The backward direction runs over each sentence reversed within its length, so padding
-        only ever follows a sentence and no step needs a mask."""
+        only ever follows a sentence and no step needs a mask. ``hx``: initial states [L·D, B, H]
+        (a pair for LSTM), zeros when None."""
         b, s, _ = x.shape
         last = (lengths.to(x.device) - 1).unsqueeze(1)  # [B, 1] position of each sentence's last token
         pos = torch.arange(s, device=x.device).unsqueeze(0)  # [1, S]
         rev = torch.where(pos <= last, last - pos, pos).unsqueeze(-1)  # [B, S, 1] reversal within length
         real = (pos <= last).unsqueeze(-1)  # [B, S, 1]
+        h0, c0 = hx if self.lstm and hx is not None else (hx, None)
 
         def flip(t: torch.Tensor) -> torch.Tensor:  # [B, S, X], its own inverse
             return t.gather(1, rev.expand_as(t))
@@ -269,14 +365,14 @@ class RNN(nn.RNNBase):
         for layer in range(self.num_layers):
             outs = []
             for reverse in (False, True) if self.bidirectional else (False,):
-                w = {k: self._w(k, layer, reverse) for k in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")}
-                gx = self._linear(w["weight_ih"], w["bias_ih"])(flip(x) if reverse else x)  # hoisted
-                hh = self._linear(w["weight_hh"], w["bias_hh"])
-                h = x.new_zeros(b, self.hidden_size)
-                c = torch.zeros_like(h) if self.lstm else None
+                gx = self._gates("ih", layer, reverse)(flip(x) if reverse else x)  # hoisted over all steps
+                hh, norm_c = self._gates("hh", layer, reverse), self._norm("c", layer, reverse)
+                k = len(finals_h)  # this layer and direction's index in [L·D]
+                h = x.new_zeros(b, self.hidden_size) if h0 is None else h0[k]
+                c = (torch.zeros_like(h) if c0 is None else c0[k]) if self.lstm else None
                 hs, cs = [], []
                 for gx_t in gx.unbind(1):
-                    h, c = rnn_cell(gx_t, hh(h), h, c)
+                    h, c = rnn_cell(gx_t, hh(h), h, c, norm_c)
                     hs.append(h)
                     cs.append(c)
                 out = torch.stack(hs, 1)  # [B, S, H] in this direction's order
@@ -293,19 +389,23 @@ class RNN(nn.RNNBase):
     # ---- the decoder: one step at a time ----
     def step_weights(self, split: int | None = None) -> StepWeights:
         """This pass's products for ``step``. ``split`` cuts layer 0's input in two, [first; rest]
-        (e.g. embedding | context), so the first part's gates can be computed for all steps at once."""
-        w0, b0 = self._w("weight_ih", 0), self._w("bias_ih", 0)
+        (e.g. embedding | context), so the first part's gates can be computed for all steps at once
+        (with layer norm, only the product: the norm needs the whole sum, so it runs per step)."""
+        w0, b0, norm0 = self._w("weight_ih", 0), self._w("bias_ih", 0), self._norm("ih", 0)
         return StepWeights(
-            first=self._linear(w0[:, :split], b0),
+            first=self._linear(w0[:, :split], b0 if norm0 is None else None),
             rest=None if split is None or split == self.input_size else self._linear(w0[:, split:]),
-            ih=[self._linear(self._w("weight_ih", k), self._w("bias_ih", k)) for k in range(1, self.num_layers)],
-            hh=[self._linear(self._w("weight_hh", k), self._w("bias_hh", k)) for k in range(self.num_layers)],
+            ih=[self._gates("ih", k) for k in range(1, self.num_layers)],
+            hh=[self._gates("hh", k) for k in range(self.num_layers)],
+            norm0=norm0,
+            cell_norms=[self._norm("c", k) for k in range(self.num_layers)],
         )
 
     def first_gates(self, sw: StepWeights, first: torch.Tensor) -> torch.Tensor:
         """Layer 0's input gates from the first input part: [.., split] → [.., G*H] (any leading
         shape, e.g. [B, T, E] for all steps of a teacher-forced pass at once)."""
-        return sw.first(first)
+        gx = sw.first(first)
+        return sw.norm0(gx) if sw.norm0 is not None and sw.rest is None else gx
 
     def step(
         self, sw: StepWeights, gx_first: torch.Tensor, hidden: RNNState, rest: torch.Tensor | None = None
@@ -316,8 +416,11 @@ class RNN(nn.RNNBase):
         hs, cs = hidden if self.lstm else (hidden, None)
         new_h, new_c = [], []
         gx = gx_first if rest is None else gx_first + sw.rest(rest)
+        if sw.norm0 is not None and sw.rest is not None:
+            gx = sw.norm0(gx)
         for layer in range(self.num_layers):
-            h, c = rnn_cell(gx, sw.hh[layer](hs[layer]), hs[layer], None if cs is None else cs[layer])
+            c, norm_c = None if cs is None else cs[layer], sw.cell_norms[layer] if sw.cell_norms else None
+            h, c = rnn_cell(gx, sw.hh[layer](hs[layer]), hs[layer], c, norm_c)
             new_h.append(h)
             new_c.append(c)
             if layer + 1 < self.num_layers:
