@@ -7,6 +7,7 @@ word dropout must hit real input tokens at the configured rate and nothing else,
 
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 
@@ -15,14 +16,21 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from helpers import REPO, TINY, run_module, tokenizer_cfg
-from nmt.config import register_configs, validate
+from nmt.config import register_configs, to_plain, validate
 from nmt.data import build_tokenizer
 from nmt.data.batching import BatchStream, collate, word_dropout
 from nmt.data.corpus import CorpusSpec
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Sampling
 from nmt.errors import ConfigError
+from nmt.training import config_changes
 
 SAMPLED = Sampling(alpha=0.2, nbest=-1)
+NEW_KEYS = [
+    ("tokenizer", "sample_alpha"),
+    ("tokenizer", "sample_nbest"),
+    ("data", "src_word_dropout"),
+    ("data", "tgt_word_dropout"),
+]
 
 
 @pytest.fixture(scope="module", params=["unigram", "bpe"])
@@ -162,3 +170,15 @@ def test_a_word_dropout_run_and_its_resume_train_on_the_same_batches(tmp_path, s
     assert "step 6," in second.stderr and "resuming from" in second.stderr
     resumed = {**step_losses(first.stderr), **step_losses(second.stderr)}
     assert len(resumed) == 12 and resumed == step_losses(ref.stderr)
+
+
+def test_a_checkpoint_written_before_these_keys_still_resumes():
+    """A saved config without the new keys (an older checkpoint) matches a current one that leaves them at
+    their defaults, and only a real change is refused."""
+    current = to_plain(train_cfg())
+    saved = copy.deepcopy(current)
+    for section, key in NEW_KEYS:
+        del saved[section][key]
+    assert config_changes(saved, current, []) == []
+    current["data"]["src_word_dropout"] = 0.1
+    assert config_changes(saved, current, []) == ["data.src_word_dropout: 0.0 -> 0.1"]
