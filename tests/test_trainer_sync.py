@@ -96,3 +96,4 @@ def test_checkpoint_clock_and_progress_line_follow_the_agreed_clock():
     trainer.fit(batches())
     assert saves.steps[:3] == [1, 2, 3]  # then the end of the run (step 4: validation)
     assert logged == [1, 2, 3, 4]
+
