@@ -51,6 +51,10 @@ class DataConfig:
     shuffle_buffer: int = 20000
     # DataLoader workers that read + tokenise + batch while the model computes.
     num_workers: int = 1
+    # Word dropout (training only): probability that a source piece becomes <unk> in the encoder's input.
+    src_word_dropout: float = 0.0
+    # ... and that a target piece becomes <unk> in the decoder's input (never in the loss targets).
+    tgt_word_dropout: float = 0.0
     # Cap on validation sentences decoded for BLEU during training (0 = all).
     valid_max_sentences: int = 0
 
@@ -62,6 +66,10 @@ class TokenizerConfig:
     joint: bool = True  # one vocabulary for both languages (needed for tied src/tgt embeddings)
     sample_size: int = 300000  # sentences per language read from the training stream to train on
     character_coverage: float = 1.0
+    # Subword sampling in the training stream (0 = off): unigram smoothing alpha (Kudo 2018), or for
+    # model_type=bpe the BPE-dropout rate, < 1 (Provilkov et al. 2020). Longer pieces lists: see data.max_len.
+    sample_alpha: float = 0.0
+    sample_nbest: int = -1  # unigram sampling: draw from the best N segmentations (-1 = all, or N >= 2)
     # Trained models are cached under cache_dir/<key>, key = hash(corpus + these settings).
     # (cache root: $NMT_CACHE, default ~/.cache/nmt).
     cache_dir: str = "${oc.env:NMT_CACHE,'~/.cache/nmt'}/sentencepiece"
@@ -357,6 +365,7 @@ def _train_problems(cfg: Any) -> list[str]:
         if p is not None and not 0.0 <= p < 1.0:
             problems.append(f"{key}={p}: expected a probability in [0, 1)")
     problems += _model_problems(cfg)
+    problems += _regulariser_problems(cfg.data, cfg.tokenizer)
     if a.name == "dot" and dec.hidden_size != 2 * enc.hidden_size:
         problems.append(
             f"attention=dot needs decoder.hidden_size ({dec.hidden_size}) == 2 * encoder.hidden_size "
@@ -412,6 +421,25 @@ def _model_problems(cfg: Any) -> list[str]:
             )
         if problem := tie_all_problem(cfg.encoder.emb_size, cfg.decoder.emb_size):
             problems.append(problem)
+    return problems
+
+
+def _regulariser_problems(data: Any, tok: Any) -> list[str]:
+    """Word dropout rates and subword sampling settings (nmt.data.batching.word_dropout, Sampling)."""
+    problems = [
+        f"data.{key}={getattr(data, key)}: expected a probability in [0, 1)"
+        for key in ("src_word_dropout", "tgt_word_dropout")
+        if not 0 <= getattr(data, key) < 1
+    ]
+    if tok.sample_alpha < 0:
+        problems.append(f"tokenizer.sample_alpha={tok.sample_alpha}: expected >= 0 (0 = no subword sampling)")
+    elif tok.model_type == "bpe" and tok.sample_alpha >= 1:
+        problems.append(
+            f"tokenizer.sample_alpha={tok.sample_alpha}: with tokenizer.model_type=bpe it is the BPE-dropout "
+            "probability, expected in [0, 1)"
+        )
+    if tok.sample_nbest != -1 and tok.sample_nbest < 2:
+        problems.append(f"tokenizer.sample_nbest={tok.sample_nbest}: expected -1 (all segmentations) or >= 2")
     return problems
 
 

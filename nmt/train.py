@@ -29,7 +29,7 @@ from nmt.config import register_configs, to_plain
 from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
 from nmt.data.batching import Batch, BatchStream, worker_context, worker_errors, worker_init
 from nmt.data.corpus import CorpusSpec, load_pairs
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.tokenizer import Sampling, Tokenizer
 from nmt.distributed import Dist, init_distributed, shutdown
 from nmt.errors import ConfigError, NmtError
 from nmt.finishing import Finished, Finisher
@@ -75,8 +75,17 @@ def build_loader(
     num_shards: int = 1,
     starts: Sequence[tuple[int, int]] | None = None,
 ) -> Iterator[Batch]:
-    """The training batches: this rank's shards of the stream, built in a DataLoader worker."""
-    d = cfg.data
+    """The training batches: this rank's shards of the stream, built in a DataLoader worker, with the
+    data-side regularisers (subword sampling, word dropout) that only training gets."""
+    d, t = cfg.data, cfg.tokenizer
+    if t.sample_alpha or d.src_word_dropout or d.tgt_word_dropout:
+        log.info(
+            "training stream: subword sampling alpha=%g nbest=%d, word dropout source %g target input %g",
+            t.sample_alpha,
+            t.sample_nbest,
+            d.src_word_dropout,
+            d.tgt_word_dropout,
+        )
     stream = BatchStream(
         train,
         tokenizer.state_dict(),
@@ -88,6 +97,8 @@ def build_loader(
         shards=shards,
         num_shards=num_shards,
         starts=starts,
+        sampling=Sampling(t.sample_alpha, t.sample_nbest),
+        word_dropout=(d.src_word_dropout, d.tgt_word_dropout),
     )
     loader = torch.utils.data.DataLoader(
         stream,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from nmt.config import TrainConfig
 from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist
 from nmt.errors import ConfigError
@@ -195,18 +196,15 @@ def _may_change(key: str, allowed: tuple[str, ...]) -> bool:
 
 def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[str]:
     """Keys whose values differ between two configs, minus those allowed to change. A key the saved
-    config lacks (its run predates the key) counts as its schema default: the old behaviour."""
-    from omegaconf import OmegaConf
-
-    from nmt.config import TrainConfig
-
-    defaults = flatten(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
+    config lacks (its checkpoint was written before the key existed) counts as its schema default,
+    which is what that run did, so adding a key with an old-behaviour default never blocks a resume."""
     a, b = flatten(saved), flatten(current)
+    a.update({k: v for k, v in flatten(dataclasses.asdict(TrainConfig())).items() if k not in a and k in b})
     ok = RESUME_MAY_CHANGE + tuple(allowed)
     return [
         f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
         for k in sorted(set(a) | set(b))
-        if a.get(k, defaults.get(k)) != b.get(k) and not _may_change(k, ok)
+        if a.get(k) != b.get(k) and not _may_change(k, ok)
     ]
 
 

@@ -9,6 +9,7 @@ same amount of work, so the step time and memory stay flat. The whole pipeline
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -21,7 +22,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from nmt.data.corpus import CorpusSpec, stream_pairs
-from nmt.data.tokenizer import BOS, EOS, PAD, Tokenizer
+from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Sampling, Tokenizer
 from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,40 @@ def token_budget_groups(order: Sequence[int], lengths: Sequence[int], max_tokens
     return groups
 
 
+def stream_seed(*position: object) -> int:
+    """A 31-bit seed named by a place in the stream, e.g. ``("pieces", seed, epoch, shard, bucket)``.
+
+    A stable hash rather than a running generator: what is drawn for one place never depends on what
+    was drawn before it, so a resumed run that rebuilds an epoch redraws every batch exactly.
+    """
+    digest = hashlib.blake2b(repr(position).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 33
+
+
+def word_dropout(batch: Batch, src_p: float, tgt_p: float, seed: int) -> Batch:
+    """Whole tokens of the model's inputs replaced by UNK: each source piece with probability ``src_p``,
+    each decoder input piece (``tgt_in``) with ``tgt_p`` (Sennrich et al. 2016, "Edinburgh Neural Machine
+    Translation Systems for WMT 16", after Gal & Ghahramani 2016). ``tgt_out``, the loss targets, and
+    PAD/BOS/EOS are never touched: the model still has to predict every real token, from damaged context.
+
+    It is drawn here, in the DataLoader worker, rather than on the device in the model: the mask is a
+    function of the batch's place in the stream (``seed``), so a resumed run redraws it exactly without
+    saving anything, the model's own RNG stream (its dropout masks) is the same with it on or off, it
+    overlaps the step like the rest of the batch building, and validation, translation and serving,
+    which never go through BatchStream, cannot get it by mistake.
+    """
+    if not (src_p or tgt_p):
+        return batch
+    gen = torch.Generator().manual_seed(seed)
+    return dataclasses.replace(batch, src=_drop(batch.src, src_p, gen), tgt_in=_drop(batch.tgt_in, tgt_p, gen))
+
+
+def _drop(ids: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:
+    """``ids`` [B, T] with each real piece (not PAD/BOS/EOS) set to UNK with probability ``p``."""
+    hit = torch.rand(ids.shape, generator=gen) < p  # drawn even when p = 0, so tgt_in's mask does not depend on src_p
+    return ids.masked_fill(hit & (ids != PAD) & (ids != BOS) & (ids != EOS), UNK)
+
+
 class BatchStream(IterableDataset):
     """Endless stream of training batches, epoch after epoch, deterministic for a seed.
 
@@ -105,6 +140,14 @@ class BatchStream(IterableDataset):
     ``starts`` gives, per owned shard, ``(epoch, batches to skip)`` so that a resumed run
     continues each shard where the interrupted one stopped: the same seed rebuilds the
     same batches and the first ones are dropped.
+
+    Subword sampling (``sampling``) happens where a bucket is tokenised, before the length filter and
+    the sort, so batches are packed by the sampled lengths; word dropout (``word_dropout``: source and
+    target input probabilities) is applied to each finished batch. Both draw from seeds named by the
+    stream position (``stream_seed``: bucket, resp. batch index within the shard's epoch), so each epoch
+    draws afresh and word dropout stays exact on resume. Subword sampling is exact only within one
+    process (see Tokenizer.sample_pairs): a resumed run re-samples its current epoch, so its batches
+    hold the same sentences in new segmentations and the skip count is right to within a few batches.
     """
 
     def __init__(
@@ -119,6 +162,8 @@ class BatchStream(IterableDataset):
         shards: Sequence[int] = (0,),
         num_shards: int = 1,
         starts: Sequence[tuple[int, int]] | None = None,
+        sampling: Sampling | None = None,
+        word_dropout: tuple[float, float] = (0.0, 0.0),
     ):
         super().__init__()
         self.spec, self.tokenizer_state = spec, tokenizer_state
@@ -126,6 +171,7 @@ class BatchStream(IterableDataset):
         self.bucket_size, self.shuffle_buffer, self.seed = bucket_size, shuffle_buffer, seed
         self.shards, self.num_shards = list(shards), num_shards
         self.starts = list(starts) if starts is not None else [(0, 0)] * len(self.shards)
+        self.sampling, self.word_dropout = sampling or Sampling(), word_dropout
 
     def __iter__(self) -> Iterator[Batch]:
         tok = Tokenizer.from_state_dict(self.tokenizer_state)  # built here: lives in the worker
@@ -164,9 +210,8 @@ class BatchStream(IterableDataset):
     def epoch_batches(self, tok: Tokenizer, epoch: int, shard: int = 0) -> Iterator[Batch]:
         rng = random.Random((self.seed * 1_000_003 + epoch) * 1_009 + shard)
         index, too_long, total = 0, 0, 0
-        for bucket in self._buckets(epoch, shard):
-            srcs = tok.encode_src([r["src"] for r in bucket])
-            tgts = tok.encode_tgt([r["tgt"] for r in bucket])
+        for n, bucket in enumerate(self._buckets(epoch, shard)):
+            srcs, tgts = self._encode(tok, bucket, stream_seed("pieces", self.seed, epoch, shard, n))
             total += len(bucket)
             keep = [
                 i for i in range(len(bucket)) if 0 < len(srcs[i]) < self.max_len and 0 < len(tgts[i]) < self.max_len
@@ -179,7 +224,8 @@ class BatchStream(IterableDataset):
             groups = token_budget_groups(order, lengths, self.max_tokens)
             rng.shuffle(groups)
             for g in groups:
-                yield collate([srcs[i] for i in g], [tgts[i] for i in g], epoch, index, shard)
+                batch = collate([srcs[i] for i in g], [tgts[i] for i in g], epoch, index, shard)
+                yield word_dropout(batch, *self.word_dropout, stream_seed("words", self.seed, epoch, shard, index))
                 index += 1
         if too_long and shard == self.shards[0] and epoch == self.starts[0][0]:
             log.info(
@@ -191,6 +237,13 @@ class BatchStream(IterableDataset):
                 shard,
                 self.num_shards,
             )
+
+    def _encode(self, tok: Tokenizer, bucket: list[dict], seed: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Source and target ids of a bucket: sampled segmentations when subword sampling is on."""
+        srcs, tgts = [r["src"] for r in bucket], [r["tgt"] for r in bucket]
+        if self.sampling:
+            return tok.sample_pairs(srcs, tgts, self.sampling, seed)
+        return tok.encode_src(srcs), tok.encode_tgt(tgts)
 
 
 def shard_starts(positions: Sequence[Sequence[int]], num_shards: int) -> tuple[list[tuple[int, int]], bool]:

@@ -12,6 +12,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import sentencepiece as spm
@@ -22,6 +23,24 @@ from nmt.rundir import atomic_write
 log = logging.getLogger(__name__)
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed ids, so models and batches agree without lookups
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Subword regularisation: a fresh segmentation drawn every time a training pair is tokenised.
+
+    unigram models sample from the segmentation lattice with probabilities ∝ P(x)^alpha over the
+    ``nbest`` best segmentations (-1 = all of them; Kudo 2018, "Subword Regularization"); BPE models
+    drop each merge with probability ``alpha`` (Provilkov et al. 2020, "BPE-Dropout"; ``nbest`` is
+    ignored). ``alpha`` 0 turns it off. Only the training stream samples: validation, translation,
+    serving and evaluation always take the single best segmentation.
+    """
+
+    alpha: float = 0.0
+    nbest: int = -1
+
+    def __bool__(self) -> bool:
+        return self.alpha > 0
 
 
 class Tokenizer:
@@ -47,6 +66,21 @@ class Tokenizer:
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         return self.tgt.encode(texts)
+
+    def sample_pairs(
+        self, srcs: list[str], tgts: list[str], sampling: Sampling, seed: int
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """Both sides of a set of training pairs, each segmentation sampled (see Sampling).
+
+        Within one process the same ``seed`` gives the same pieces: ``set_random_generator_seed`` restarts
+        sentencepiece's global generator, and one thread encodes the whole list in order (its thread pool
+        hands sentences to threads nondeterministically). Across processes it does NOT: with sentencepiece
+        0.2.3 the same seed draws differently in every new process (measured, BPE and unigram alike), so a
+        resumed run re-samples the pieces of its current epoch. ``seed`` must be < 2**32 - 1.
+        """
+        spm.set_random_generator_seed(seed)
+        kw = dict(enable_sampling=True, alpha=sampling.alpha, nbest_size=sampling.nbest, num_threads=1)
+        return self.src.encode(srcs, **kw), self.tgt.encode(tgts, **kw)
 
     def src_pieces(self, text: str) -> list[str]:
         return self.src.encode(text, out_type=str)
