@@ -50,6 +50,7 @@ PROBE_FLOOR = 0.8  # bf16 products below this share of float32's speed decide fl
 WARMUP = 1  # untimed steps of each precision first (allocator growth, oneDNN kernel creation)
 REPEATS = 3  # timed steps of each precision at most ...
 BUDGET_S = 2.0  # ... or fewer once this many seconds have gone (at least one each)
+PROBE_FLOP = 50_000_000  # multiply-adds per probe call at least (about 0.3 ms in float32 on 2 cores)
 LENGTH = 16  # pieces per synthetic sentence, both sides: a mid-sized length bucket of Tatoeba pairs
 
 Timer = Callable[[torch.dtype | None], float]  # matrix-product dtype (None = float32) -> seconds of one step
@@ -148,11 +149,14 @@ class ProductTimer:
         w = model.decoder.out.weight.detach()  # [V, O]
         x = torch.randn(max(1, cal.max_tokens // LENGTH), w.size(1), generator=torch.Generator().manual_seed(0))
         self.operands = {None: (x, w), torch.bfloat16: (x.bfloat16(), w.bfloat16())}
+        # a small model's product takes microseconds: repeat it to ~PROBE_FLOP so timer noise does not decide
+        self.repeats = max(1, PROBE_FLOP // (x.size(0) * w.size(0) * w.size(1)))
 
     def __call__(self, dtype: torch.dtype | None) -> float:
         x, w = self.operands[dtype]
         start = time.perf_counter()
-        torch.nn.functional.linear(x, w)
+        for _ in range(self.repeats):
+            torch.nn.functional.linear(x, w)
         return time.perf_counter() - start
 
 
