@@ -140,9 +140,12 @@ class TrainerConfig:
     label_smoothing: float = 0.1
     # Probability of feeding the reference token; < 1 = scheduled sampling (forces the step loop).
     teacher_forcing: float = 1.0
-    # none | bf16 | fp16. CUDA: autocast. CPU: bf16 only, and only for the big matrix products (vocabulary
-    # projection, the RNN step loops' GEMMs) where the CPU has bf16 matrix units (AMX / AVX512-BF16).
-    amp: str = "bf16"
+    # auto | bf16 | fp16 | none. CUDA: autocast (auto = bf16 where supported). CPU: bf16 applies to the big
+    # matrix products only (vocabulary projection, the RNN step loops' GEMMs); auto times a few steps of the
+    # model both ways at startup (cached per CPU model in amp_cache) and keeps the faster; bf16 forces them.
+    amp: str = "auto"
+    # Where trainer.amp=auto keeps its per-CPU measurements (null: measure at every start).
+    amp_cache: str | None = "${oc.env:NMT_CACHE,'~/.cache/nmt'}/precision"
     # Validation interval in steps. 0 (default): measured at the start of the run as about valid_minutes of
     # training and kept for the run (saved in checkpoints, so a resumed run validates at the same steps).
     valid_every: int = 0
@@ -297,7 +300,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "decoder.order": ("bahdanau", "luong"),
     "trainer.optimizer": ("adam", "adamw"),
     "trainer.scheduler": ("constant", "warmup_decay", "plateau"),
-    "trainer.amp": ("none", "bf16", "fp16"),
+    "trainer.amp": ("auto", "bf16", "fp16", "none"),
     "model.rnn_impl": ("auto", "eager", "loop", "cudnn"),  # nmt.models.rnn.IMPLS
     "wandb.mode": ("auto", "online", "offline", "disabled"),
 }

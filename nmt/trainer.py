@@ -98,7 +98,7 @@ def set_rng_state(state: dict) -> None:
 
 @dataclass
 class Precision:
-    """How the step computes: autocast on CUDA, bf16 matrix products on capable CPUs (applied to the
+    """How the step computes: autocast on CUDA, bf16 matrix products on CPUs where they are faster (applied to the
     model once by the builder), a GradScaler for fp16."""
 
     device: torch.device
@@ -361,7 +361,8 @@ class Trainer:
         self.model.load_state_dict(ckpt["model"])
         self.opt.load_state_dict(ckpt["optimizer"])
         self.sched.load_state_dict(ckpt["scheduler"])
-        self.precision.scaler.load_state_dict(ckpt["scaler"])
+        if ckpt["scaler"]:  # empty when saved without fp16 (trainer.amp may change on resume)
+            self.precision.scaler.load_state_dict(ckpt["scaler"])
         self.progress = p = Progress(**ckpt["progress"])
         self._saved_at = self._logged_at = p.elapsed_s
         rngs = ckpt["rng"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from nmt.calibrate import Calibration, calibrate, cpu_has_native_bf16, cpu_name
 from nmt.config import TrainConfig
 from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist
@@ -58,33 +59,52 @@ def build_scheduler(opt: torch.optim.Optimizer, t: Any):
     raise ConfigError(f"trainer.scheduler={t.scheduler!r} is unknown; choose constant, warmup_decay or plateau")
 
 
-def cpu_has_native_bf16() -> bool:
-    """AMX or AVX512-BF16: bf16 matrix products run several times faster than float32 there."""
-    cpu = torch.cpu
-    return any(getattr(cpu, f, lambda: False)() for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
-
-
-def build_precision(amp: str, device: torch.device, model: Seq2Seq) -> Precision:
+def build_precision(
+    amp: str,
+    device: torch.device,
+    model: Seq2Seq,
+    calibration: Calibration | None = None,
+    dist: Dist | None = None,
+) -> Precision:
     """``trainer.amp`` → the step's precision; sets the model's matrix-product dtype (the one place that does).
 
-    CUDA: autocast in bf16/fp16 (a GradScaler for fp16). CPU: autocasting the whole step loses (it
-    casts per op and per time step), so with bf16 only the big products (vocabulary projection, the
-    RNN loops' GEMMs) run in bf16, weights cast once per pass, and only where the CPU has bf16 matrix
-    units (AMX / AVX512-BF16); see docs/benchmarks.md.
+    CUDA: autocast in bf16/fp16 (a GradScaler for fp16); ``auto`` is bf16 where the GPU supports it.
+    CPU: autocasting the whole step loses (it casts per op and per time step), so bf16 means that
+    only the big products (vocabulary projection, the RNN loops' GEMMs) run in bf16, weights cast
+    once per pass. ``auto`` measures whether that is faster than float32 for this model on this CPU
+    (nmt.calibrate, cached per CPU model; rank 0 decides for all ranks); ``bf16`` forces it.
     """
-    dtypes = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    dtypes = {"auto": None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     if amp not in dtypes:
-        raise ConfigError(f"trainer.amp={amp!r} is unknown; choose none, bf16 or fp16")
-    dtype = dtypes[amp]
+        raise ConfigError(f"trainer.amp={amp!r} is unknown; choose one of {', '.join(dtypes)}")
     if device.type == "cpu":
-        native = dtype == torch.bfloat16 and cpu_has_native_bf16()
-        model.set_matmul_dtype(torch.bfloat16 if native else None)
-        description, dtype = ("float32, bf16 matrix products" if native else "float32"), None
-    else:
-        model.set_matmul_dtype(None)
-        description = "float32" if dtype is None else f"{amp} autocast"
+        return _cpu_precision(amp, device, model, calibration or Calibration(), dist or Dist())
+    model.set_matmul_dtype(None)
+    dtype = dtypes[amp]
+    if amp == "auto":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    description = "float32" if dtype is None else f"{'bf16' if dtype == torch.bfloat16 else amp} autocast"
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
     return Precision(device, dtype, description, scaler)
+
+
+def _cpu_precision(amp: str, device: torch.device, model: Seq2Seq, cal: Calibration, dist: Dist) -> Precision:
+    """Float32 throughout, optionally with bf16 matrix products: measured (auto) or forced."""
+    if amp == "auto":
+        measured = calibrate(model, cal) if dist.is_main else None
+        measured = dist.broadcast(measured)
+        bf16, why = measured.bf16, measured.reason()
+    else:
+        bf16, why = amp == "bf16", f"trainer.amp={amp}" + (" applies on CUDA only" if amp == "fp16" else "")
+        if bf16 and not cpu_has_native_bf16():
+            log.warning(
+                "trainer.amp=bf16: this CPU (%s) has no bf16 matrix units (AMX / AVX512-BF16), so bf16 products "
+                "are emulated and usually slower than float32; trainer.amp=auto measures which is faster",
+                cpu_name(),
+            )
+    model.set_matmul_dtype(torch.bfloat16 if bf16 else None)
+    description = f"{'float32, bf16 matrix products' if bf16 else 'float32'} ({why})"
+    return Precision(device, None, description, torch.amp.GradScaler("cuda", enabled=False))
 
 
 def build_schedule(t: Any) -> Schedule:
@@ -109,7 +129,8 @@ def build_trainer(
     t = cfg.trainer
     schedule = build_schedule(t)
     opt = build_optimizer(model, t)
-    precision = build_precision(t.amp, device, model)
+    calibration = Calibration(cfg.data.max_tokens, t.get("amp_cache"), t.teacher_forcing, t.label_smoothing)
+    precision = build_precision(t.amp, device, model, calibration, dist)
     log.info("training precision: %s", precision.description)
     validator = None
     if dist.is_main:
@@ -155,9 +176,12 @@ def build_finisher(t: Any, rundir: RunDir) -> Finisher:
 
 # Keys that may change between an interrupted run and its resumption without being named in
 # trainer.allow_changes: limits, where it runs, how it logs, and implementation choices that do not
-# change the maths. Entries ending in "." are prefixes.
+# change the maths (trainer.amp: the weights and optimiser state are float32 under every precision, and
+# auto may choose differently on another CPU). Entries ending in "." are prefixes.
 RESUME_MAY_CHANGE = (
     "model.rnn_impl",
+    "trainer.amp",
+    "trainer.amp_cache",
     "trainer.resume",
     "trainer.allow_changes",
     "trainer.max_steps",

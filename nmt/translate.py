@@ -15,19 +15,32 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from omegaconf import DictConfig
 
 from nmt.cli import command
 from nmt.config import register_configs
 from nmt.errors import NmtError
-from nmt.plots import heatmap
-from nmt.runtime import check_outputs, load_model, load_translator  # noqa: F401  (load_model: re-exported)
-from nmt.translator import Translation, Translator
+
+if TYPE_CHECKING:
+    from nmt.translator import Translation, Translator
+
+# Startup: only the launcher is imported up front, so `--help` and a config mistake answer without
+# loading torch; the model code (nmt.runtime) comes in when there is something to translate, and
+# matplotlib only with attention_plot (docs/benchmarks.md, "translate startup").
 
 log = logging.getLogger("nmt.translate")
 register_configs()
+
+
+def __getattr__(name: str) -> Any:
+    """``nmt.translate.load_model`` / ``load_translator``, still importable from here, loaded on use."""
+    if name in ("load_model", "load_translator"):
+        from nmt import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(name)
 
 
 # Characters that some tools treat as line ends; never let them into an output line.
@@ -80,6 +93,8 @@ class Sink:
             self.out.write(one_line(t.text) + "\n")
         att = t.hypothesis.attention
         if att is not None and self.plot_dir is not None:
+            from nmt.plots import heatmap  # matplotlib: only when plots are asked for
+
             heatmap(att, t.src_pieces, t.tgt_pieces, self.plot_dir / f"{self.line:05d}.png", title=t.text[:80])
         if att is not None and self.attention_out is not None:
             record = {"line": self.line, "src": t.src_pieces, "tgt": t.tgt_pieces, "attention": att.tolist()}
@@ -110,6 +125,8 @@ def _flush(tr: Translator, buf: list[str], sink: Sink) -> None:
 def main(cfg: DictConfig) -> None:
     if cfg.input and not Path(cfg.input).is_file():
         raise NmtError(f"{cfg.input}: input file not found")
+    from nmt.runtime import check_outputs, load_translator
+
     check_outputs(cfg.output, cfg.attention_out)
     tr = load_translator(cfg)
     with contextlib.ExitStack() as stack:

@@ -1,13 +1,17 @@
 """Interleaved A/B of runtime settings of model R's training step, in one process.
 
     python scripts/benchmark_ab.py --settings fp32,bf16,bf16+fused --batches 40
+    python scripts/benchmark_ab.py --model cpu_small --settings fp32,enc_eager,eager   # RNN implementations
 
 Every batch is trained once under every setting, the settings taking turns step by step (their
 order reversed on every other batch), so drift of the machine and the batch mix hit all alike;
 prints target tokens/s per setting. Settings join flags with "+": ``bf16`` (both RNNs' loop
 products and the vocabulary projection in bf16, through Seq2Seq.set_matmul_dtype, as trainer.amp=bf16
 on an AMX CPU; otherwise float32), ``fused`` (fused Adam; otherwise PyTorch's default, a loop over
-tensors on CPU). To compare code changes, run it with one setting
+tensors on CPU), ``eager`` (both RNNs computed as model.rnn_impl=eager: the encoder by nn.GRU over
+packed sequences; otherwise the CPU default, loop) or ``enc_eager`` (the encoder only; same weights
+and maths, so they can take turns). ``--model`` is a model of scripts/benchmark.py or ``cpu_small``
+(the preset, fused Adam as always). To compare code changes, run it with one setting
 from checkouts of both commits in turn (``git worktree add``), several times, alternating.
 """
 
@@ -20,14 +24,19 @@ from types import SimpleNamespace
 import torch
 from benchmark import MODELS, NmtRun
 
+from nmt.models.rnn import RNN
+
+PRESETS = {**MODELS, "cpu_small": ["experiment=cpu_small"]}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="r", choices=sorted(PRESETS))
     ap.add_argument("--settings", default="fp32,bf16,bf16+fused")
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--data", default="data/spa-eng")
     args = ap.parse_args()
-    run = NmtRun("r", MODELS["r"], SimpleNamespace(device="cpu", data=args.data, warmup=4))
+    run = NmtRun(args.model, PRESETS[args.model], SimpleNamespace(device="cpu", data=args.data, warmup=4))
     trainer = run.trainer
     settings = args.settings.split(",")
 
@@ -36,6 +45,10 @@ def main() -> None:
         trainer.model.set_matmul_dtype(torch.bfloat16 if "bf16" in flags else None)
         for group in trainer.opt.param_groups:
             group["fused"] = "fused" in flags or None
+        for m in trainer.model.modules():
+            if isinstance(m, RNN):
+                is_encoder = m is trainer.model.encoder.rnn
+                m.impl = "eager" if "eager" in flags or ("enc_eager" in flags and is_encoder) else "loop"
 
     batches = [next(run.loader) for _ in range(args.batches)]
     seconds = dict.fromkeys(settings, 0.0)

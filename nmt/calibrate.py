@@ -1,0 +1,251 @@
+"""``trainer.amp=auto`` on CPU: bf16 matrix products only where they are measured faster than float32.
+
+Why measure rather than read a CPU flag: a flag says that bf16 units exist, not that they win for
+this model. Model R trained about 1.6x faster with bf16 products on the AMX Xeon of
+docs/benchmarks.md and +91% on an AVX512-BF16 EPYC (issue 15); on an AVX2-only EPYC bf16 products
+are emulated and a training step took 30x as long; small models gain less than big ones everywhere.
+
+Two stages, both on this model's own weights and shapes:
+
+1. the probe: one time step's vocabulary projection ([B, O] · [O, V], B = the synthetic batch's
+   sentences) in float32 and in bf16 (milliseconds). bf16 changes nothing but the products, so
+   when they are clearly slower (below ``PROBE_FLOOR``) the step is too, and float32 is chosen
+   without timing a step that could take a minute in emulated bf16;
+2. otherwise whole forward+backward training steps on a synthetic batch of ``data.max_tokens``:
+   a warm-up pair, then pairs alternating float32/bf16 until ``REPEATS`` pairs or ``BUDGET_S``
+   seconds, the median of each. bf16 is kept only when at least ``BF16_MARGIN`` faster: float32
+   is the more exact, and a near-tie would flip with noise.
+
+The result is cached, one small JSON file per key under ``trainer.amp_cache`` ($NMT_CACHE/precision,
+beside the sentencepiece cache), keyed by the CPU model, the torch version, the thread count and
+the model's shape, so later runs on the same machine measure nothing. The timing is a seam:
+``Calibration(timer=..., probe=...)`` takes any ``dtype -> seconds`` callables, which is how tests
+choose an outcome without training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from nmt.data.tokenizer import BOS, EOS
+from nmt.models.rnn import RNN
+from nmt.models.seq2seq import Seq2Seq, nll_loss
+from nmt.rundir import atomic_write
+
+log = logging.getLogger(__name__)
+
+BF16_MARGIN = 1.05  # bf16 products must make steps at least this much faster than float32 to be chosen
+PROBE_FLOOR = 0.8  # bf16 products below this share of float32's speed decide float32 without timing steps
+WARMUP = 1  # untimed steps of each precision first (allocator growth, oneDNN kernel creation)
+REPEATS = 3  # timed steps of each precision at most ...
+BUDGET_S = 2.0  # ... or fewer once this many seconds have gone (at least one each)
+PROBE_FLOP = 50_000_000  # multiply-adds per probe call at least (about 0.3 ms in float32 on 2 cores)
+LENGTH = 16  # pieces per synthetic sentence, both sides: a mid-sized length bucket of Tatoeba pairs
+
+Timer = Callable[[torch.dtype | None], float]  # matrix-product dtype (None = float32) -> seconds of one step
+
+
+def cpu_name() -> str:
+    """The CPU model as /proc/cpuinfo names it (``AMD EPYC 9R14 …``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_has_native_bf16() -> bool:
+    """AMX or AVX512-BF16: bf16 matrix products have hardware behind them (elsewhere they are emulated)."""
+    cpu = torch.cpu
+    return any(getattr(cpu, f, lambda: False)() for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What ``trainer.amp=auto`` measures on CPU, and where it keeps the result."""
+
+    max_tokens: int = 2000  # data.max_tokens: the synthetic batch holds about this many target tokens
+    cache_dir: str | None = None  # trainer.amp_cache; None = measure every time, keep nothing
+    teacher_forcing: float = 1.0  # < 1 runs the decoder's step loop, as training will
+    label_smoothing: float = 0.1
+    timer: Timer | None = None  # seconds of one step; None: real steps of the model (StepTimer)
+    probe: Timer | None = None  # seconds of one product; None: ProductTimer, or no probe when timer is given
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The outcome: which precision, how the two compared, and whether it came from the cache."""
+
+    bf16: bool  # train with bf16 matrix products
+    ratio: float  # bf16 products' speed / float32's (step time of float32 / step time of bf16)
+    cpu: str
+    threads: int
+    basis: str  # what was timed: "steps" (whole training steps) or "probe" (one product; steps were not timed)
+    cache: Path | None  # the cache file read or written
+    cached_at: str | None = None  # when the cached measurement was taken; None = measured now
+    seconds: float = 0.0  # how long measuring took (0 when read from the cache)
+
+    def reason(self) -> str:
+        """Why, for the log: ``measured: bf16 products 0.62x the speed of float32 on CPU …; cached …``."""
+        what = "training steps" if self.basis == "steps" else "the vocabulary projection alone; steps not timed"
+        where = f"{self.cpu}, {self.threads} thread{'s' * (self.threads != 1)}"
+        text = f"measured: bf16 products {self.ratio:.2f}x the speed of float32 ({what}) on {where}"
+        if self.cached_at:
+            text += f"; cached {self.cached_at} in {self.cache} (delete it to measure again)"
+        else:
+            text += f"; took {self.seconds:.1f} s" + (f", saved to {self.cache}" if self.cache else "")
+        return text + "; trainer.amp=bf16 or none forces a choice"
+
+
+class StepTimer:
+    """Seconds of one forward+backward training step of ``model`` with a given matrix-product dtype.
+
+    The batch is synthetic: B = max_tokens // LENGTH sentences of LENGTH random pieces on each side
+    (src/tgt_in/tgt_out [B, LENGTH]), the token budget the data pipeline fills. No optimiser step:
+    the gradients are cleared after each step and the weights stay as they were.
+    """
+
+    def __init__(self, model: Seq2Seq, cal: Calibration):
+        self.model, self.cal = model, cal
+        g = torch.Generator().manual_seed(0)
+        n = max(1, cal.max_tokens // LENGTH)
+        src_vocab, tgt_vocab = model.encoder.embed.num_embeddings, model.decoder.embed.num_embeddings
+        self.src = torch.randint(EOS + 1, src_vocab, (n, LENGTH), generator=g)
+        self.src[:, -1] = EOS
+        self.src_len = torch.full((n,), LENGTH, dtype=torch.long)
+        self.tgt_out = torch.randint(EOS + 1, tgt_vocab, (n, LENGTH), generator=g)
+        self.tgt_out[:, -1] = EOS
+        self.tgt_in = torch.cat([torch.full((n, 1), BOS), self.tgt_out[:, :-1]], dim=1)
+
+    def __call__(self, dtype: torch.dtype | None) -> float:
+        self.model.set_matmul_dtype(dtype)
+        start = time.perf_counter()
+        logits, _ = self.model(self.src, self.src_len, self.tgt_in, self.cal.teacher_forcing)
+        nll_loss(logits, self.tgt_out, self.cal.label_smoothing).backward()
+        seconds = time.perf_counter() - start
+        self.model.zero_grad(set_to_none=True)
+        return seconds
+
+
+class ProductTimer:
+    """Seconds of one time step's vocabulary projection, [B, O] · [O, V] with the decoder's own
+    output weight (B = max_tokens // LENGTH), both operands already in the dtype (as StepLinear
+    casts a weight once per pass)."""
+
+    def __init__(self, model: Seq2Seq, cal: Calibration):
+        w = model.decoder.out.weight.detach()  # [V, O]
+        x = torch.randn(max(1, cal.max_tokens // LENGTH), w.size(1), generator=torch.Generator().manual_seed(0))
+        self.operands = {None: (x, w), torch.bfloat16: (x.bfloat16(), w.bfloat16())}
+        # a small model's product takes microseconds: repeat it to ~PROBE_FLOP so timer noise does not decide
+        self.repeats = max(1, PROBE_FLOP // (x.size(0) * w.size(0) * w.size(1)))
+
+    def __call__(self, dtype: torch.dtype | None) -> float:
+        x, w = self.operands[dtype]
+        start = time.perf_counter()
+        for _ in range(self.repeats):
+            torch.nn.functional.linear(x, w)
+        return time.perf_counter() - start
+
+
+def measure(timer: Timer) -> tuple[float, float]:
+    """(float32, bf16) median seconds: a warm-up pair, then alternating pairs (so drift in the
+    machine's load falls on both alike) until REPEATS pairs or BUDGET_S seconds."""
+    for _ in range(WARMUP):
+        timer(None)
+        timer(torch.bfloat16)
+    f32: list[float] = []
+    bf16: list[float] = []
+    start = time.monotonic()
+    while len(f32) < REPEATS and (not f32 or time.monotonic() - start < BUDGET_S):
+        f32.append(timer(None))
+        bf16.append(timer(torch.bfloat16))
+    return statistics.median(f32), statistics.median(bf16)
+
+
+def measure_model(model: Seq2Seq, cal: Calibration) -> dict:
+    """The probe, then (unless it already rules bf16 out) whole steps; the model's training mode,
+    product dtype and the RNG streams are left as they were, so a run that measures draws the same
+    dropout masks as one that reads the cache."""
+    probe, step = (cal.probe, cal.timer) if cal.timer else (ProductTimer(model, cal), StepTimer(model, cal))
+    was_training, dtype = model.training, _product_dtype(model)
+    start = time.monotonic()
+    with torch.random.fork_rng(devices=[]):
+        model.train()
+        basis, (f32, bf16) = "probe", measure(probe) if probe else (1.0, 1.0)
+        if not probe or f32 / bf16 >= PROBE_FLOOR:
+            basis, (f32, bf16) = "steps", measure(step)
+    model.train(was_training)
+    model.set_matmul_dtype(dtype)
+    return {"float32_s": f32, "bf16_s": bf16, "basis": basis, "seconds": time.monotonic() - start}
+
+
+def model_signature(model: Seq2Seq, cal: Calibration) -> str:
+    """A digest of what decides the step's cost: the modules and parameter shapes, the RNNs'
+    implementation, the batch budget and whether the decoder runs its step loop."""
+    rnns = [m.impl for m in model.modules() if isinstance(m, RNN)]
+    shapes = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    text = repr((repr(model), shapes, rnns, cal.max_tokens, cal.teacher_forcing < 1.0))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read_cache(path: Path, key: dict) -> dict | None:
+    """The cached measurement for ``key``, or None (absent; unreadable or not ours: a warning)."""
+    if not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        if entry["key"] != key:
+            raise ValueError("it was written for another CPU/torch/model")
+        f32, bf16 = float(entry["float32_s"]), float(entry["bf16_s"])
+        if not (f32 > 0 and bf16 > 0):
+            raise ValueError(f"step times {f32}, {bf16} are not positive")
+        return entry
+    except (OSError, ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+        log.warning("%s: unreadable precision cache entry (%s); measuring again", path, e)
+        return None
+
+
+def calibrate(model: Seq2Seq, cal: Calibration) -> Measured:
+    """Float32 or bf16 products for training ``model`` on this CPU: from the cache, else measured
+    (``measure_model``) and saved."""
+    threads = torch.get_num_threads()
+    key = {"cpu": cpu_name(), "torch": torch.__version__, "threads": threads, "model": model_signature(model, cal)}
+    path = None
+    if cal.cache_dir:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(cal.cache_dir).expanduser() / f"{digest}.json"
+    entry = _read_cache(path, key) if path else None
+    cached_at = entry and entry.get("measured_at", "earlier")
+    if entry is None:
+        entry = {"key": key, **measure_model(model, cal), "measured_at": _now()}
+        if path:
+            try:
+                atomic_write(path, lambda f: f.write(json.dumps(entry, indent=1).encode()))
+            except OSError as e:  # a read-only home must not stop training; the next run measures again
+                log.warning("%s: could not save the precision measurement (%s)", path, e)
+                path = None
+    ratio = entry["float32_s"] / entry["bf16_s"]
+    seconds = 0.0 if cached_at else entry["seconds"]
+    basis = entry.get("basis", "steps")
+    return Measured(ratio >= BF16_MARGIN, ratio, key["cpu"], threads, basis, path, cached_at, seconds)
+
+
+def _product_dtype(model: Seq2Seq) -> torch.dtype | None:
+    return next((m.matmul_dtype for m in model.modules() if isinstance(m, RNN)), None)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -1,0 +1,137 @@
+"""``trainer.amp``: auto measures float32 against bf16 products on this CPU (nmt.calibrate) and caches the
+result per CPU model, torch version, threads and model shape; bf16/none force a choice.
+
+The timings are injected through ``Calibration(timer=..., probe=...)`` (seconds per step / per
+product for a dtype), so each outcome is chosen by the test; one test times real steps of a tiny
+model, and the session's end-to-end training run (conftest ``trained``) shows the CLI's log line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from nmt.calibrate import BF16_MARGIN, Calibration, StepTimer, calibrate, cpu_has_native_bf16, measure_model
+from nmt.config import TrainConfig
+from nmt.models.build import build_model
+from nmt.models.rnn import RNN
+from nmt.training import build_precision, config_changes
+
+CPU = torch.device("cpu")
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.encoder.update(emb_size=8, hidden_size=6, layers=1, dropout=0.1)
+    cfg.decoder.update(emb_size=8, hidden_size=12, layers=1, dropout=0.1)
+    cfg.attention.name = "bahdanau"
+    return build_model(cfg.encoder, cfg.attention, cfg.decoder, 30, 30, device="cpu")
+
+
+def product_dtypes(model) -> set:
+    return {m.matmul_dtype for m in model.modules() if isinstance(m, RNN)}
+
+
+class Clock:
+    """A fake step timer: ``bf16_speed`` times as fast with bf16 products; counts its calls."""
+
+    def __init__(self, bf16_speed: float):
+        self.bf16_speed, self.calls = bf16_speed, 0
+
+    def __call__(self, dtype) -> float:
+        self.calls += 1
+        return 1.0 if dtype is None else 1.0 / self.bf16_speed
+
+
+def never(dtype) -> float:
+    raise AssertionError("measured although it should not have")
+
+
+@pytest.mark.parametrize("speed, bf16", [(2.0, True), (0.5, False), (BF16_MARGIN - 0.02, False)])
+def test_auto_keeps_bf16_products_only_when_measured_faster_by_the_margin(speed, bf16):
+    model = tiny_model()
+    precision = build_precision("auto", CPU, model, Calibration(timer=Clock(speed)))
+    assert product_dtypes(model) == {torch.bfloat16 if bf16 else None}
+    assert precision.autocast_dtype is None
+    assert precision.description.startswith("float32, bf16 matrix products (" if bf16 else "float32 (")
+    assert f"measured: bf16 products {speed:.2f}x the speed of float32 (training steps) on " in precision.description
+
+
+def test_the_cache_is_used_the_second_time_and_keyed_by_the_model(tmp_path):
+    model, clock = tiny_model(), Clock(2.0)
+    cal = Calibration(max_tokens=300, cache_dir=str(tmp_path / "precision"), timer=clock)
+    first = calibrate(model, cal)
+    calls = clock.calls
+    assert first.bf16 and first.cached_at is None and calls >= 4  # a warm-up pair and at least one timed pair
+    assert first.cache is not None and first.cache.parent == tmp_path / "precision"
+    second = calibrate(model, dataclasses.replace(cal, timer=never))
+    assert (second.bf16, second.ratio, second.cache) == (True, first.ratio, first.cache) and second.cached_at
+    assert "cached " in second.reason() and str(second.cache) in second.reason()
+    # another batch budget is another shape: measured afresh, in another file
+    other = calibrate(model, dataclasses.replace(cal, max_tokens=600))
+    assert clock.calls > calls and other.cache != first.cache
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"key": 1}', "", '{"key": null, "float32_s": 1, "bf16_s": 0}'])
+def test_a_corrupt_cache_file_is_ignored_with_a_warning_and_replaced(tmp_path, caplog, content):
+    model, cal = tiny_model(), Calibration(cache_dir=str(tmp_path), timer=Clock(2.0))
+    path = calibrate(model, cal).cache
+    path.write_text(content)
+    clock = Clock(0.5)
+    with caplog.at_level(logging.WARNING, logger="nmt.calibrate"):
+        again = calibrate(model, dataclasses.replace(cal, timer=clock))
+    assert clock.calls and not again.bf16 and again.cached_at is None
+    assert any(str(path) in r.getMessage() and "measuring again" in r.getMessage() for r in caplog.records)
+    assert json.loads(path.read_text())["bf16_s"] == 2.0  # rewritten with the new measurement
+
+
+def test_a_probe_showing_slow_bf16_products_decides_without_timing_steps():
+    model = tiny_model()
+    m = calibrate(model, Calibration(timer=never, probe=Clock(0.3)))
+    assert not m.bf16 and m.basis == "probe" and "steps not timed" in m.reason()
+    m = calibrate(model, Calibration(timer=Clock(1.5), probe=Clock(0.9)))  # products close: steps decide
+    assert m.bf16 and m.basis == "steps"
+
+
+@pytest.mark.parametrize("amp, dtype", [("none", None), ("fp16", None), ("bf16", torch.bfloat16)])
+def test_forcing_skips_the_measurement(amp, dtype, caplog, tmp_path):
+    model = tiny_model()
+    with caplog.at_level(logging.WARNING):
+        precision = build_precision(amp, CPU, model, Calibration(cache_dir=str(tmp_path), timer=never, probe=never))
+    assert product_dtypes(model) == {dtype} and f"trainer.amp={amp}" in precision.description
+    assert not list(tmp_path.iterdir())
+    emulated = [r for r in caplog.records if "emulated" in r.getMessage()]
+    assert len(emulated) == (amp == "bf16" and not cpu_has_native_bf16())
+
+
+def test_measuring_real_steps_leaves_weights_mode_dtype_and_rng_as_they_were():
+    model = tiny_model().eval()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    cal = Calibration(max_tokens=200)
+    rng = torch.get_rng_state()
+    result = measure_model(model, dataclasses.replace(cal, timer=StepTimer(model, cal)))
+    assert result["basis"] == "steps" and result["float32_s"] > 0 and result["bf16_s"] > 0
+    assert torch.equal(torch.get_rng_state(), rng)  # a run that measures draws the same dropout masks
+    assert not model.training and product_dtypes(model) == {None}
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+
+
+def test_a_resume_may_change_the_precision():
+    """Checkpoints from before trainer.amp=auto (amp: bf16, no amp_cache) resume under the new default."""
+    old = {"trainer": {"amp": "bf16", "lr": 0.001}}
+    assert config_changes(old, {"trainer": {"amp": "auto", "amp_cache": "/c/precision", "lr": 0.001}}, []) == []
+
+
+def test_the_training_cli_logs_its_measured_choice_and_caches_it(trained):
+    run, cache, _ = trained
+    log = (run / "train.log").read_text()
+    assert re.search(r"training precision: float32(, bf16 matrix products)? \(measured: bf16 products [\d.]+x", log)
+    assert len(list((cache / "precision").glob("*.json"))) == 1
