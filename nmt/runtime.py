@@ -15,6 +15,7 @@ import torch
 from nmt import checkpoint
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
+from nmt.models import quant
 from nmt.models.build import model_from_config
 from nmt.models.seq2seq import Ensemble, Seq2Seq
 from nmt.search import SearchOptions
@@ -66,6 +67,8 @@ def load_translator(cfg: Any) -> Translator:
     settings of ``cfg`` (a DecodeConfig)."""
     search = search_options(cfg)  # checked before anything is loaded
     device = resolve_device(cfg.device)
+    mode = cfg.get("quantize", "none")
+    quant.check(mode, device)  # before anything is loaded
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model, tok = load_model(cfg.checkpoint, device)
@@ -77,6 +80,7 @@ def load_translator(cfg: Any) -> Translator:
                 raise ConfigError(f"ensemble: {path} has another vocabulary than {cfg.checkpoint}")
             members.append(m)
         model = Ensemble(members)
+    model = quant.quantize(model, mode)  # int8 products for CPU decoding; the model itself when none
     return Translator(model, tok, device, search, max_input_len=cfg.max_input_len)
 
 
