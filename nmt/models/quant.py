@@ -25,8 +25,9 @@ Why this kernel path (torch 2.13.0, read from the installed build):
   releases: a second moving dependency for one kernel.
 * ``torch.ops.onednn.qlinear_prepack`` / ``qlinear_pointwise``: oneDNN's int8 matmul on plain
   int8/uint8 tensors (no quantised tensor types), the ops that Inductor's x86 int8 lowering and
-  torchao's x86 PT2E path emit, so they live as long as those do. 1.6-2x the float32 GEMM at
-  decoding's shapes on the same EPYC. Used here, behind ``available()``.
+  torchao's x86 PT2E path emit, so they live as long as those do. 1.5-2x the float32 GEMM at
+  batched decoding's shapes on the same EPYC (slower at a few rows, where quantising x costs more
+  than it saves). Used here, behind ``available()``.
 
 On CPUs without VNNI (AVX2 only) oneDNN multiplies u8 × s8 with ``vpmaddubsw``, whose int16
 pair sums saturate for 8-bit activations (outputs wrong by hundreds in a test); activations are
