@@ -219,6 +219,8 @@ class DecodeConfig:
     max_input_len: int = 256  # source pieces kept per line; longer lines are truncated with a warning
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
+    # none | int8: the decoder's linear and recurrent products in int8 (CPU only; nmt.models.quant)
+    quantize: str = "none"
 
 
 @dataclass
@@ -303,6 +305,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.amp": ("auto", "bf16", "fp16", "none"),
     "model.rnn_impl": ("auto", "eager", "loop", "cudnn"),  # nmt.models.rnn.IMPLS
     "wandb.mode": ("auto", "online", "offline", "disabled"),
+    "quantize": ("none", "int8"),  # nmt.models.quant.MODES
 }
 
 

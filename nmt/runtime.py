@@ -16,6 +16,7 @@ import torch
 from nmt import checkpoint
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
+from nmt.models import quant
 from nmt.models.build import model_from_config
 from nmt.models.seq2seq import Ensemble, Seq2Seq
 from nmt.search import SearchOptions
@@ -101,6 +102,8 @@ def load_translator(cfg: Any) -> Translator:
     choice (see ``search_options``; the log says which was used)."""
     search_options(cfg)  # checked before anything is loaded
     device = resolve_device(cfg.device)
+    mode = cfg.get("quantize", "none")
+    quant.check(mode, device)  # before anything is loaded
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ckpt = checkpoint.load(cfg.checkpoint, map_location=device)
@@ -116,6 +119,7 @@ def load_translator(cfg: Any) -> Translator:
             members.append(m)
         model = Ensemble(members)
     log.info("%s", used)
+    model = quant.quantize(model, mode)  # int8 products for CPU decoding; the model itself when none
     return Translator(model, tok, device, search, max_input_len=cfg.max_input_len)
 
 

@@ -265,6 +265,9 @@ class RNN(nn.RNNBase):
         # Dtype of the loops' products (None = the surrounding one); only Seq2Seq.set_matmul_dtype
         # sets it. The weights are cast once per pass; state and gate maths stay float32.
         self.matmul_dtype: torch.dtype | None = None
+        # Decoding only: another maker of the step products (weight, bias, dtype) → callable, set by
+        # nmt.models.quant.quantize for int8 CPU decoding; None = this module's own (below).
+        self.product: Any | None = None
         if layer_norm:
             gates = self.weight_hh_l0.size(0)  # G·H
             for layer in range(layers):
@@ -303,6 +306,8 @@ class RNN(nn.RNNBase):
         return self._torch.permute_hidden(self, hx, permutation)
 
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        if self.product is not None:
+            return self.product(weight, bias, self.matmul_dtype)
         cls = EagerLinear if self.impl == "eager" else StepLinear
         return cls(weight, bias, self.matmul_dtype)
 
