@@ -154,10 +154,14 @@ def joey_translate_config(train_config: Path, checkpoint: Path, beam: int, out: 
 def joey_job(
     venv: Path, train_config: Path, checkpoint: Path, spm_src: Path, spm_tgt: Path, src: Path, out: Path, beam: int
 ) -> DecodeJob:
-    """``python -m joeynmt translate CONFIG -o OUT`` with the pieces on stdin (Joey's file mode)."""
+    """``python -m joeynmt translate CONFIG < pieces > out`` (Joey's stream mode: stdin not a terminal).
+
+    Its ``-o OUT`` cannot be used: Joey 2.3.0 fails after decoding when given one (``translate`` reads
+    ``args.n_best``, which its config object lacks), so the hypotheses come from stdout (logs go to stderr)."""
     cfg = joey_translate_config(train_config, checkpoint, beam, out / f"joey.translate.b{beam}.yaml")
-    cmd = [str(venv / "bin" / "python"), "-m", "joeynmt", "translate", str(cfg), "-o", str(out / f"joey.b{beam}.sp")]
-    return _peer_job("joey", venv, Step(cmd, stdin=out / "joey.src.sp"), spm_src, spm_tgt, src, out, beam)
+    cmd = [str(venv / "bin" / "python"), "-m", "joeynmt", "translate", str(cfg)]
+    step = Step(cmd, stdin=out / "joey.src.sp", stdout=out / f"joey.b{beam}.sp")
+    return _peer_job("joey", venv, step, spm_src, spm_tgt, src, out, beam)
 
 
 # ---- running and scoring ----
