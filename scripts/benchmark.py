@@ -380,19 +380,7 @@ def main() -> None:
                 f"{c['peer_rss_mib']:,.0f} |"
             )
     if decoded:
-        d = decoded[0]
-        trained = ", ".join(
-            f"{r['system']} {r['trained']['trained_s']:.0f} s / {r['trained']['updates']:,} updates"
-            for r in decoded
-            if r["system"] != decode_compare.INT8
-        )
-        print(
-            f"\ndecoding valid.tsv ({d['sentences']:,} sentences) with the models trained above (windows: {trained}); "
-            f"whole commands, start-up included, median of {args.decode_rounds} alternating rounds; "
-            "peers: spm encode + translate + spm decode all timed (translate alone: "
-            + ", ".join(f"{r['system']} {r['translate_s']:.1f} s" for r in decoded if "nmt_over_peer" in r)
-            + ")"
-        )
+        print("\n" + decode_compare.summary(decoded, args.decode_rounds))
         print("\n".join(decode_compare.table(decoded)))
     if args.json:
         Path(args.json).write_text(

@@ -239,6 +239,24 @@ def relate(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def summary(rows: list[dict], rounds: int) -> str:
+    """What the table below it measured: sentences, training behind each model, what was timed."""
+    trained = ", ".join(
+        f"{r['system']} {r['trained']['trained_s']:.0f} s / {r['trained']['updates']:,} updates"
+        for r in rows
+        if r["system"] != INT8
+    )
+    peers = [r for r in rows if r["system"] not in (NMT, INT8)]
+    line = (
+        f"decoding valid.tsv ({rows[0]['sentences']:,} sentences) with the models trained above (windows: "
+        f"{trained}); whole commands, start-up included, median of {rounds} alternating rounds"
+    )
+    if peers:
+        alone = ", ".join(f"{r['system']} {r['translate_s']:.1f} s" for r in peers)
+        line += f"; peers: spm encode + translate + spm decode, all timed (translate alone: {alone})"
+    return line
+
+
 def table(rows: list[dict]) -> list[str]:
     """The markdown table of ``relate``d rows (the int8 row's BLEU change and speed-up against float nmt)."""
     out = ["| system | beam | BLEU | output words | wall s | words/s | nmt / peer |"]

@@ -111,6 +111,8 @@ def test_nmt_jobs_and_a_peer_pipeline_decode_end_to_end(bench_checkpoint, sample
         decode_compare.nmt_job(best, src, tmp_path, 2, quantize="int8"),
         echo,
     ]
+    for job in jobs:
+        job.trained = {"trained_s": 1.0, "updates": 5}  # as benchmark.compare_decoding sets it
     rows = decode_compare.measure(jobs, src, refs, rounds=1, logs=tmp_path)
     assert [r["system"] for r in rows] == ["nmt", "nmt int8", "echo"]
     for r, job in zip(rows, jobs, strict=True):
@@ -123,3 +125,6 @@ def test_nmt_jobs_and_a_peer_pipeline_decode_end_to_end(bench_checkpoint, sample
     assert decode_compare.read_lines(echo.hypotheses) == [sp.decode(sp.encode(s)) for s, _ in pairs]
     assert rows[1]["bleu_change"] == pytest.approx(rows[1]["bleu"] - rows[0]["bleu"])
     assert rows[2]["nmt_over_peer"] == pytest.approx(rows[0]["words_s"] / rows[2]["words_s"])
+    said = decode_compare.summary(rows, 1)
+    assert f"({len(pairs)} sentences)" in said and "echo 1 s / 5 updates" in said and "nmt int8" not in said
+    assert f"translate alone: echo {rows[2]['translate_s']:.1f} s" in said
