@@ -20,6 +20,19 @@ windows alternating with nmt's (see scripts/compare_peers.py), and prints nmt/pe
 
     python scripts/benchmark.py --models r --compare joey,onmt [--rounds 3 --window-seconds 60]
 
+Then it compares decoding (scripts/decode_compare.py; --decode-rounds 0 skips it) on the models
+trained there, for the same seconds each: every peer first gets as long as nmt trained before the
+rounds (its --windows), unmeasured, then the same rounds of windows. nmt saves its model as
+nmt.train does (checkpoints/best.pt and last.pt of a run folder, through the Trainer's saver); each
+peer is told to stop and writes its own checkpoint. Each system then decodes the first
+--decode-sentences lines of valid.tsv with --decode-beam (5) by its own CLI as a user runs it, as
+a subprocess timed from launch to exit (start-up included): nmt.translate on raw text, and again
+with quantize=int8; the peers' translate commands with sentencepiece encoding and decoding
+around them (timed too, so every command takes raw text and gives detokenised text). Systems
+alternate for --decode-rounds rounds (median). A second table gives BLEU (sacrebleu default),
+output words, wall seconds, output words/s and nmt/peer; the int8 row shows its BLEU change and
+speed-up against float nmt. The decoding uses the first model of --models.
+
 --batch-sweep 1000,2000,4000 measures training tokens/s of every model at each token budget
 (data.max_tokens) instead, without decoding, and --plot draws tokens/s against batch size:
 
@@ -39,6 +52,7 @@ import time
 from pathlib import Path
 
 import compare_peers
+import decode_compare
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -85,12 +99,14 @@ class NmtRun:
         torch.manual_seed(cfg.seed)
         self.model = model_from_config(cfg, tok.src_vocab_size, tok.tgt_vocab_size, device)
         self.model.to(device)
-        run_dir = Path(tempfile.mkdtemp(prefix="nmt-bench-"))
+        self.rundir = RunDir(tempfile.mkdtemp(prefix="nmt-bench-"))
         valid = load_pairs(self.specs["valid"], limit=10)
-        self.trainer = build_trainer(cfg, to_plain(cfg), self.model, tok, valid, RunDir(run_dir), device, Dist(), None)
-        self.loader = build_loader(cfg, self.specs["train"], tok, device)
+        self.trainer = build_trainer(cfg, to_plain(cfg), self.model, tok, valid, self.rundir, device, Dist(), None)
+        t = self.trainer  # the stream starts where the trainer's progress says (fresh), as in nmt.train
+        self.loader = build_loader(cfg, self.specs["train"], tok, device, t.shards, t.num_shards, t.data_starts())
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.windows: list[dict] = []
+        self.steps, self.trained_s = args.warmup, 0.0  # updates in all; seconds in windows (not the warm-up)
         self.model.train()
         for _ in range(args.warmup):
             self.trainer.train_step([next(self.loader).to(device)])
@@ -108,11 +124,13 @@ class NmtRun:
             b = next(self.loader)
             wait += time.perf_counter() - w0
             self.trainer.train_step([b.to(self.device)])
+            self.trainer.progress.positions[b.shard] = [b.epoch, b.index]  # for the checkpoint (see save)
             tgt += b.n_tgt_tokens
             src += int(b.src_len.sum())
             n += 1
         self.sync()
         secs = time.perf_counter() - t0
+        self.steps, self.trained_s = self.steps + n, self.trained_s + secs
         w = {
             "tgt_tok_s": tgt / secs,
             "src_tgt_tok_s": (tgt + src) / secs,
@@ -122,6 +140,16 @@ class NmtRun:
         }
         self.windows.append(w)
         return w
+
+    def save(self) -> Path:
+        """The weights trained so far, saved as nmt.train saves them (the Trainer's saver: ``last.pt`` and
+        the weights-only ``best.pt`` in the run folder, with tokenizer and config); returns best.pt."""
+        p = self.trainer.progress
+        p.step, p.elapsed_s = self.steps, self.trained_s
+        self.trainer.save(best=True)
+        if not self.rundir.best.is_file():
+            raise SystemExit(f"{self.name}: could not write {self.rundir.best} (see the error above)")
+        return self.rundir.best
 
     def result(self, args) -> dict:
         peak = (
@@ -153,14 +181,15 @@ class NmtRun:
         }
 
 
-def compare(runs: list[NmtRun], peers: list[str], args) -> list[dict]:
-    """Alternate windows of every nmt model and every peer, round after round; one row per (model, peer)."""
+def compare(runs: list[NmtRun], peers: list[str], args) -> tuple[list[dict], list[dict]]:
+    """Alternate windows of every nmt model and every peer, round after round; one row per (model, peer),
+    and for every peer the checkpoint it saved at the end (``checkpoint``, ``updates``, ``trained_s``)."""
     first = runs[0]
     data = compare_peers.prepare_data(
         first.tok, first.specs, load_pairs, compare_peers.PEERS_HOME / "data" / f"nmt-{first.name}"
     )
     mean_tgt = statistics.mean(w["tgt_tokens_per_update"] for w in first.windows)
-    started = []
+    started, saved = [], []
     try:
         for name in peers:  # one at a time: a start-up never overlaps anything measured
             peer = compare_peers.start_peer(
@@ -168,6 +197,8 @@ def compare(runs: list[NmtRun], peers: list[str], args) -> list[dict]:
             )
             started.append(peer)
             compare_peers.wait_until_training(peer, args.warmup)
+        for peer in started:  # as long as nmt's --windows trained, so the decoded models had the same time
+            compare_peers.run_window(peer, first.trained_s, record=False)
         for k in range(args.rounds):
             line = f"round {k + 1}/{args.rounds}:"
             for run in runs:
@@ -176,9 +207,21 @@ def compare(runs: list[NmtRun], peers: list[str], args) -> list[dict]:
                 pw = compare_peers.run_window(peer, args.window_seconds)
                 line += f" {peer.name} {pw['tgt_tok_s']:,.0f} |" if pw else f" {peer.name} (no complete interval) |"
             print(line + " target tok/s", flush=True)
+        for peer in started:
+            path, updates = compare_peers.stop_and_save(peer)
+            saved.append(
+                {
+                    "peer": peer.name,
+                    "checkpoint": path,
+                    "config": peer.run / f"{peer.name}.yaml",  # as start_peer wrote it
+                    "updates": updates,
+                    "trained_s": peer.trained_s,
+                }
+            )
     finally:
         for peer in started:
-            compare_peers.stop(peer)
+            if peer.alive():
+                compare_peers.stop(peer)
     rows = []
     for run in runs:
         nmt_rounds = run.windows[-args.rounds :]
@@ -200,7 +243,33 @@ def compare(runs: list[NmtRun], peers: list[str], args) -> list[dict]:
                     "ratio": nmt_med / med,
                 }
             )
-    return rows
+    return rows, saved
+
+
+def compare_decoding(run: NmtRun, saved: list[dict], args) -> list[dict]:
+    """Decode valid.tsv with the model ``run`` trained and each peer's saved one (scripts/decode_compare.py)."""
+    out = compare_peers.PEERS_HOME / "runs" / "decode"
+    pairs = load_pairs(run.specs["valid"], limit=args.decode_sentences)
+    src = decode_compare.write_lines(out / "valid.raw.src", [s for s, _ in pairs])
+    (out / "src.model").write_bytes(run.tok.src_proto)  # nmt's own sentencepiece model(s), for the peers
+    (out / "tgt.model").write_bytes(run.tok.tgt_proto)
+    nmt = {"updates": run.steps, "trained_s": run.trained_s}
+    ckpt, beam = run.save(), args.decode_beam
+    jobs = [decode_compare.nmt_job(ckpt, src, out, beam, args.device)]
+    if args.device == "cpu":
+        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, quantize="int8"))
+    for job in jobs:
+        job.trained = nmt
+    for s in saved:
+        venv = compare_peers.PEERS_HOME / f"venv-{s['peer']}"
+        spm = (out / "src.model", out / "tgt.model")
+        if s["peer"] == "onmt":
+            job = decode_compare.onmt_job(venv, s["checkpoint"], *spm, src, out, beam, args.device == "cuda")
+        else:
+            job = decode_compare.joey_job(venv, s["config"], s["checkpoint"], *spm, src, out, beam)
+        job.trained = {"updates": s["updates"], "trained_s": s["trained_s"], "checkpoint": str(s["checkpoint"])}
+        jobs.append(job)
+    return decode_compare.measure(jobs, src, [t for _, t in pairs], args.decode_rounds, out)
 
 
 def batch_sweep(args) -> list[dict]:
@@ -253,6 +322,8 @@ def main() -> None:
     ap.add_argument("--compare", default="", help="peers to train side by side with the models: joey,onmt")
     ap.add_argument("--rounds", type=int, default=3, help="--compare: nmt/peer window rounds")
     ap.add_argument("--window-seconds", type=float, default=60.0, help="--compare: length of every window")
+    ap.add_argument("--decode-rounds", type=int, default=2, help="--compare: decoding rounds (median); 0 = no decoding")
+    ap.add_argument("--decode-beam", type=int, default=5, help="--compare: beam size of the decoding comparison")
     ap.add_argument("--batch-sweep", default="", help="token budgets to sweep, e.g. 1000,2000,4000 (no decoding)")
     ap.add_argument("--plot", help="--batch-sweep: PNG of tokens/s against batch size")
     ap.add_argument("--json")
@@ -276,7 +347,8 @@ def main() -> None:
         for _ in range(args.windows):
             run.window(steps=args.window_steps)
         runs.append(run)
-    compared = compare(runs, args.compare.split(","), args) if args.compare else []
+    compared, saved = compare(runs, args.compare.split(","), args) if args.compare else ([], [])
+    decoded = compare_decoding(runs[0], saved, args) if args.compare and args.decode_rounds > 0 else []
     rows = [run.result(args) for run in runs]
     meta = {
         "device": args.device,
@@ -307,8 +379,13 @@ def main() -> None:
                 f"{c['peer_tgt_tokens_per_update']:,.0f} / {c['nmt_tgt_tokens_per_update']:,.0f} | "
                 f"{c['peer_rss_mib']:,.0f} |"
             )
+    if decoded:
+        print("\n" + decode_compare.summary(decoded, args.decode_rounds))
+        print("\n".join(decode_compare.table(decoded)))
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows, "compare": compared}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"meta": meta, "rows": rows, "compare": compared, "decode": decoded}, indent=1, default=str)
+        )
 
 
 if __name__ == "__main__":

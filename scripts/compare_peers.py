@@ -7,6 +7,12 @@ so slow drift of the machine hits every system alike and no two systems ever sha
 Its throughput in a window is read from its own training log: the target tokens of the log
 intervals that begin and end inside the window, over the time between their first and last
 line, so start-up, the pause and partial intervals never count.
+
+At the end each peer is told to stop and write its own checkpoint (``stop_and_save``), so the
+models trained in the windows can be decoded by each toolkit's own CLI (scripts/decode_compare.py):
+OpenNMT-py through ``peers/onmt_train_until_signal.py`` (SIGUSR1: it leaves its training loop and
+saves ``model_step_N.pt``), Joey NMT by SIGINT (it catches the KeyboardInterrupt and saves
+``N.ckpt``, linked as ``latest.ckpt``).
 """
 
 from __future__ import annotations
@@ -67,7 +73,9 @@ class Peer:
     name: str  # joey | onmt
     proc: subprocess.Popen
     log: Path
+    run: Path  # its run folder (config, checkpoints)
     windows: list[dict] = field(default_factory=list)
+    trained_s: float = 0.0  # seconds it has been let run since its warm-up (every window, measured or not)
 
     def signal(self, sig: int) -> None:
         try:
@@ -148,15 +156,15 @@ def start_peer(
     cfg = run / f"{name}.yaml"
     cfg.write_text(string.Template((HERE / "peers" / f"{name}_model_r.yaml").read_text()).substitute(values))
     env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1), PYTHONUNBUFFERED="1")
-    if name == "onmt":
-        cmd = [str(venv / "bin" / "onmt_train"), "-config", str(cfg)]
+    if name == "onmt":  # onmt_train, stoppable with a checkpoint (see stop_and_save)
+        cmd = [str(venv / "bin" / "python"), str(HERE / "peers" / "onmt_train_until_signal.py"), "-config", str(cfg)]
         log = run / "train.log"
     else:
         cmd = [str(venv / "bin" / "python"), "-m", "joeynmt", "train", str(cfg), "--skip-test"]
         log = run / "model" / "train.log"
     out = (run / "stdout.txt").open("w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Peer(name, proc, log)
+    return Peer(name, proc, log, run)
 
 
 def wait_until_training(peer: Peer, updates: int, timeout: float = 900) -> None:
@@ -175,17 +183,20 @@ def wait_until_training(peer: Peer, updates: int, timeout: float = 900) -> None:
     peer.signal(signal.SIGSTOP)
 
 
-def run_window(peer: Peer, seconds: float) -> dict | None:
+def run_window(peer: Peer, seconds: float, record: bool = True) -> dict | None:
+    """Let the peer train ``seconds``; its rate in them, kept in ``peer.windows`` when ``record``."""
     start = time.time()
     peer.signal(signal.SIGCONT)
     time.sleep(seconds)
     peer.signal(signal.SIGSTOP)
     end = time.time()
+    peer.trained_s += end - start
     time.sleep(0.5)  # let a line written just before the stop reach the log file
     w = window_rate(peer.rows(), start, end)
     if w is not None:
         w["rss_mib"] = peer.tree_rss_mib()
-        peer.windows.append(w)
+        if record:
+            peer.windows.append(w)
     return w
 
 
@@ -193,3 +204,38 @@ def stop(peer: Peer) -> None:
     peer.signal(signal.SIGCONT)
     peer.signal(signal.SIGKILL)
     peer.proc.wait()
+
+
+# How each peer is asked to stop and save (sent to its main process only; its data workers, if any,
+# go when it exits), and where the checkpoint lands: (checkpoint path, its update number).
+SAVE_SIGNAL = {"onmt": signal.SIGUSR1, "joey": signal.SIGINT}
+
+
+def _onmt_checkpoint(run: Path) -> tuple[Path, int]:
+    names = ((re.fullmatch(r"model_step_(\d+)\.pt", p.name), p) for p in run.glob("model_step_*.pt"))
+    found = [(int(m.group(1)), p) for m, p in names if m]
+    if not found:
+        raise SystemExit(f"onmt: no model_step_N.pt in {run} after stopping it")
+    step, path = max(found)
+    return path, step
+
+
+def _joey_checkpoint(run: Path) -> tuple[Path, int]:
+    latest = run / "model" / "latest.ckpt"
+    if not latest.exists():
+        raise SystemExit(f"joey: no {latest} after stopping it")
+    path = latest.resolve()
+    return path, int(path.stem)
+
+
+def stop_and_save(peer: Peer, timeout: float = 300) -> tuple[Path, int]:
+    """Stop a (frozen) peer so that it writes its own checkpoint of the weights it trained; returns
+    (checkpoint, update). The update it is in when told finishes first (one more update at most)."""
+    os.kill(peer.proc.pid, SAVE_SIGNAL[peer.name])  # pending until it runs again
+    peer.signal(signal.SIGCONT)
+    try:
+        peer.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        stop(peer)
+        raise SystemExit(f"{peer.name}: did not save and exit within {timeout:.0f} s of being told to") from None
+    return (_onmt_checkpoint if peer.name == "onmt" else _joey_checkpoint)(peer.run)

@@ -1,0 +1,130 @@
+"""The decoding comparison of ``scripts/benchmark.py --compare`` (scripts/decode_compare.py), without the peers.
+
+The peer toolkits live in /tmp/peers (scripts/install_peers.sh) and are never needed here: what is
+tested is everything around their CLIs. Word counting and the comparison table; the checkpoint the
+benchmark's ``NmtRun`` saves after training (a normal nmt checkpoint) decoded end to end by the nmt
+job (``python -m nmt.translate``, float and int8); and a peer job's sentencepiece encode/decode
+around a stand-in translate command that copies its input, so the pieces must come back as text.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import sentencepiece as spm
+import yaml
+
+from helpers import REPO, TINY
+
+sys.path.insert(0, str(REPO / "scripts"))
+import decode_compare  # noqa: E402
+
+from nmt import checkpoint  # noqa: E402
+
+
+def test_count_words_counts_whitespace_words_of_every_line():
+    assert decode_compare.count_words(["a b", "", "  c\td  e ", "¿Qué tal?"]) == 7
+    assert decode_compare.count_words([]) == 0
+
+
+def _row(system: str, bleu: float, words: int, wall: float) -> dict:
+    return {"system": system, "beam": 5, "bleu": bleu, "words": words, "wall_s": wall, "words_s": words / wall}
+
+
+def test_relate_gives_nmt_over_peer_and_the_int8_change():
+    rows = decode_compare.relate(
+        [_row("nmt", 20.0, 1000, 10.0), _row("nmt int8", 19.8, 1000, 8.0), _row("onmt", 18.0, 900, 18.0)]
+    )
+    nmt, int8, onmt = rows
+    assert onmt["nmt_over_peer"] == pytest.approx(100.0 / 50.0)
+    assert onmt["int8_over_peer"] == pytest.approx(125.0 / 50.0)
+    assert int8["bleu_change"] == pytest.approx(-0.2)
+    assert int8["speedup"] == pytest.approx(125.0 / 100.0)
+    assert "nmt_over_peer" not in nmt and "bleu_change" not in nmt
+    lines = decode_compare.table(rows)
+    assert lines[0] == "| system | beam | BLEU | output words | wall s | words/s | nmt / peer |"
+    assert len(lines) == 2 + len(rows)
+    assert "| onmt | 5 | 18.00 | 900 | 18.0 | 50 | 2.00x (int8 2.50x) |" in lines
+    assert "| nmt int8 | 5 | 19.80 (-0.20) | 1,000 | 8.0 | 125 | 1.25x float |" in lines
+
+
+def test_relate_without_int8_or_without_nmt_leaves_those_comparisons_out():
+    (peer,) = decode_compare.relate([_row("joey", 1.0, 10, 1.0)])
+    assert "nmt_over_peer" not in peer
+    nmt, peer = decode_compare.relate([_row("nmt", 2.0, 30, 1.0), _row("joey", 1.0, 10, 1.0)])
+    assert peer["nmt_over_peer"] == pytest.approx(3.0) and "int8_over_peer" not in peer
+
+
+def test_joey_translate_config_sets_only_the_testing_section(tmp_path):
+    train = tmp_path / "joey.yaml"
+    train.write_text("name: r\ndata: {src: {lang: en}}\ntesting: {beam_size: 1, eval_metrics: [bleu]}\n")
+    out = decode_compare.joey_translate_config(train, tmp_path / "7.ckpt", 5, tmp_path / "d" / "t.yaml")
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["name"] == "r" and cfg["data"] == {"src": {"lang": "en"}}
+    t = cfg["testing"]
+    assert t["load_model"] == str(tmp_path / "7.ckpt") and t["beam_size"] == 5 and t["n_best"] == 1
+    assert t["eval_metrics"] == ["bleu"]
+
+
+@pytest.fixture(scope="module")
+def bench_checkpoint(sample_dir, tmp_path_factory):
+    """A tiny model trained a few steps by the benchmark's NmtRun, saved by it: (NmtRun, best.pt)."""
+    import benchmark
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NMT_CACHE", str(tmp_path_factory.mktemp("cache")))
+        args = SimpleNamespace(device="cpu", data=str(sample_dir), warmup=2)
+        run = benchmark.NmtRun("tiny", [*TINY, "trainer.amp=none"], args)
+        run.window(steps=3)
+        yield run, run.save()
+
+
+def test_nmtrun_saves_a_normal_nmt_checkpoint(bench_checkpoint):
+    run, best = bench_checkpoint
+    assert best == run.rundir.best and run.rundir.last.is_file()
+    ck = checkpoint.load(best)
+    assert ck["progress"]["step"] == 2 + 3  # warm-up + the window
+    assert ck["progress"]["elapsed_s"] == pytest.approx(run.trained_s) and run.trained_s > 0
+    assert "optimizer" not in ck and "optimizer" in checkpoint.load(run.rundir.last)
+
+
+def test_nmt_jobs_and_a_peer_pipeline_decode_end_to_end(bench_checkpoint, sample_dir, tmp_path):
+    run, best = bench_checkpoint
+    from nmt.data.corpus import load_pairs
+
+    pairs = load_pairs(run.specs["valid"], limit=12)
+    src = decode_compare.write_lines(tmp_path / "src.txt", [s for s, _ in pairs])
+    refs = [t for _, t in pairs]
+    model = tmp_path / "spm.model"
+    model.write_bytes(run.tok.src_proto)
+    # A peer whose "translate" command copies the pieces it is given: what comes out is the source again.
+    copy = [sys.executable, "-c", "import shutil, sys; shutil.copy(sys.argv[1], sys.argv[2])"]
+    copy += [str(tmp_path / "echo.src.sp"), str(tmp_path / "echo.b2.sp")]
+    echo = decode_compare._peer_job(
+        "echo", Path(sys.executable).parent.parent, decode_compare.Step(copy), model, model, src, tmp_path, 2
+    )
+    jobs = [
+        decode_compare.nmt_job(best, src, tmp_path, 2),
+        decode_compare.nmt_job(best, src, tmp_path, 2, quantize="int8"),
+        echo,
+    ]
+    for job in jobs:
+        job.trained = {"trained_s": 1.0, "updates": 5}  # as benchmark.compare_decoding sets it
+    rows = decode_compare.measure(jobs, src, refs, rounds=1, logs=tmp_path)
+    assert [r["system"] for r in rows] == ["nmt", "nmt int8", "echo"]
+    for r, job in zip(rows, jobs, strict=True):
+        hyps = decode_compare.read_lines(job.hypotheses)
+        assert len(hyps) == len(pairs) == r["sentences"]
+        assert r["words"] == decode_compare.count_words(hyps)
+        assert r["words_s"] == pytest.approx(r["words"] / r["wall_s"])
+        assert 0.0 <= r["bleu"] <= 100.0 and r["wall_s"] >= r["translate_s"] > 0
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    assert decode_compare.read_lines(echo.hypotheses) == [sp.decode(sp.encode(s)) for s, _ in pairs]
+    assert rows[1]["bleu_change"] == pytest.approx(rows[1]["bleu"] - rows[0]["bleu"])
+    assert rows[2]["nmt_over_peer"] == pytest.approx(rows[0]["words_s"] / rows[2]["words_s"])
+    said = decode_compare.summary(rows, 1)
+    assert f"({len(pairs)} sentences)" in said and "echo 1 s / 5 updates" in said and "nmt int8" not in said
+    assert f"translate alone: echo {rows[2]['translate_s']:.1f} s" in said
