@@ -69,7 +69,7 @@ class TokenizerConfig:
     # Subword sampling in the training stream (0 = off): unigram smoothing alpha (Kudo 2018), or for
     # model_type=bpe the BPE-dropout rate, < 1 (Provilkov et al. 2020). Longer pieces lists: see data.max_len.
     sample_alpha: float = 0.0
-    sample_nbest: int = -1  # unigram sampling: draw from the best N segmentations (-1 = all, or N >= 2)
+    sample_nbest: int = -1  # unigram sampling: draw from the best N segmentations (-1 = all, or 2 <= N <= 512)
     # Trained models are cached under cache_dir/<key>, key = hash(corpus + these settings).
     # (cache root: $NMT_CACHE, default ~/.cache/nmt).
     cache_dir: str = "${oc.env:NMT_CACHE,'~/.cache/nmt'}/sentencepiece"
@@ -444,8 +444,11 @@ def _regulariser_problems(data: Any, tok: Any) -> list[str]:
             f"tokenizer.sample_alpha={tok.sample_alpha}: with tokenizer.model_type=bpe it is the BPE-dropout "
             "probability, expected in [0, 1)"
         )
-    if tok.sample_nbest != -1 and tok.sample_nbest < 2:
-        problems.append(f"tokenizer.sample_nbest={tok.sample_nbest}: expected -1 (all segmentations) or >= 2")
+    if tok.sample_nbest != -1 and not 2 <= tok.sample_nbest <= 512:
+        problems.append(
+            f"tokenizer.sample_nbest={tok.sample_nbest}: expected -1 (all segmentations) or 2 to 512 "
+            "(the most sentencepiece's n-best search lists)"
+        )
     return problems
 
 

@@ -1,8 +1,8 @@
 """Data-side regularisers of the training stream: subword sampling and word dropout.
 
-Sampling must differ between epochs, repeat for a seed within a process, and never reach validation
-(across processes sentencepiece 0.2.3 does not repeat a seed's draws: see Tokenizer.sample_pairs);
-word dropout must hit real input tokens at the configured rate and nothing else, and resume exactly.
+Sampling must differ between epochs, repeat for a seed (across processes too: tests/test_subword_sampling.py)
+and never reach validation; word dropout must hit real input tokens at the configured rate and nothing
+else; and a run with both resumes exactly.
 """
 
 from __future__ import annotations
@@ -78,8 +78,7 @@ def test_sampling_and_word_dropout_resume_exactly_within_a_process(sample_dir, t
 
 def test_sampling_never_leaks_into_plain_encoding(tok, sample_dir):
     """Validation, translation, serving and evaluation encode with encode_src/encode_tgt: the single best
-    segmentation, the same before and right after the training stream sampled (sentencepiece's generator
-    is global to the process)."""
+    segmentation, the same before and right after the training stream sampled."""
     lines = (sample_dir / "valid.tsv").read_text(encoding="utf-8").splitlines()[:100]
     srcs, tgts = [x.split("\t")[0] for x in lines], [x.split("\t")[1] for x in lines]
     before = tok.encode_src(srcs), tok.encode_tgt(tgts)
@@ -124,6 +123,7 @@ def train_cfg(*overrides):
         (["tokenizer.sample_alpha=-0.1"], ["tokenizer.sample_alpha=-0.1: expected >= 0"]),
         (["tokenizer.model_type=bpe", "tokenizer.sample_alpha=1.0"], ["BPE-dropout probability, expected in [0, 1)"]),
         (["tokenizer.sample_nbest=1"], ["tokenizer.sample_nbest=1: expected -1"]),
+        (["tokenizer.sample_nbest=513"], ["tokenizer.sample_nbest=513: expected -1 (all segmentations) or 2 to 512"]),
         (
             ["data.src_word_dropout=1.0", "data.tgt_word_dropout=-0.1"],
             ["data.src_word_dropout=1.0: expected a probability in [0, 1)", "data.tgt_word_dropout=-0.1"],
@@ -148,14 +148,16 @@ def step_losses(log: str) -> dict[int, str]:
     return {int(k): v for k, v in re.findall(r"step (\d+)  epoch \d+  train loss (\S+)", log)}
 
 
-def test_a_word_dropout_run_and_its_resume_train_on_the_same_batches(tmp_path, sample_dir):
-    """Through the CLI: stopped at step 6 and resumed to 12, a run with word dropout logs the same loss
-    at every step as one that ran 12 steps at once (the DataLoader worker of the resumed run redraws the
-    same masks). Subword sampling is left out: across processes sentencepiece does not repeat its draws."""
+def test_a_regularised_run_and_its_resume_train_on_the_same_batches(tmp_path, sample_dir):
+    """Through the CLI: stopped at step 6 and resumed to 12, a run with subword sampling and word dropout
+    logs the same loss at every step as one that ran 12 steps at once (the DataLoader worker of the
+    resumed run, a new process, redraws the same segmentations and masks). BPE-dropout draws with the
+    same generator; tests/test_subword_sampling.py holds both samplers to the same pieces across processes."""
     cache = tmp_path / "cache"
     common = [
         f"data.dir={sample_dir}",
         *TINY,
+        "tokenizer.sample_alpha=0.1",
         "data.src_word_dropout=0.1",
         "data.tgt_word_dropout=0.1",
         "trainer.log_every=1",
@@ -163,7 +165,8 @@ def test_a_word_dropout_run_and_its_resume_train_on_the_same_batches(tmp_path, s
         "data.valid_max_sentences=5",
     ]
     ref = run_module("nmt.train", [*common, "trainer.max_steps=12", f"hydra.run.dir={tmp_path}/ref"], cache)
-    assert "training stream: subword sampling alpha=0 nbest=-1, word dropout source 0.1 target input 0.1" in ref.stderr
+    logged = "training stream: subword sampling alpha=0.1 nbest=-1, word dropout source 0.1 target input 0.1"
+    assert logged in ref.stderr
     run = [*common, f"hydra.run.dir={tmp_path}/run"]
     first = run_module("nmt.train", [*run, "trainer.max_steps=6"], cache)
     second = run_module("nmt.train", [*run, "trainer.max_steps=12", "trainer.resume=true"], cache)

@@ -145,9 +145,8 @@ class BatchStream(IterableDataset):
     the sort, so batches are packed by the sampled lengths; word dropout (``word_dropout``: source and
     target input probabilities) is applied to each finished batch. Both draw from seeds named by the
     stream position (``stream_seed``: bucket, resp. batch index within the shard's epoch), so each epoch
-    draws afresh and word dropout stays exact on resume. Subword sampling is exact only within one
-    process (see Tokenizer.sample_pairs): a resumed run re-samples its current epoch, so its batches
-    hold the same sentences in new segmentations and the skip count is right to within a few batches.
+    draws afresh and both are exact on resume: a resumed run (a new process) rebuilds its current epoch
+    with the same segmentations and masks (Tokenizer.sample_pairs draws with its own seeded generator).
     """
 
     def __init__(

@@ -12,35 +12,18 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
+from nmt.data.subwords import Sampling, sampler_for
 from nmt.errors import ConfigError
 from nmt.rundir import atomic_write
 
 log = logging.getLogger(__name__)
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed ids, so models and batches agree without lookups
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Subword regularisation: a fresh segmentation drawn every time a training pair is tokenised.
-
-    unigram models sample from the segmentation lattice with probabilities ∝ P(x)^alpha over the
-    ``nbest`` best segmentations (-1 = all of them; Kudo 2018, "Subword Regularization"); BPE models
-    drop each merge with probability ``alpha`` (Provilkov et al. 2020, "BPE-Dropout"; ``nbest`` is
-    ignored). ``alpha`` 0 turns it off. Only the training stream samples: validation, translation,
-    serving and evaluation always take the single best segmentation.
-    """
-
-    alpha: float = 0.0
-    nbest: int = -1
-
-    def __bool__(self) -> bool:
-        return self.alpha > 0
 
 
 class Tokenizer:
@@ -52,6 +35,7 @@ class Tokenizer:
         self.joint = tgt_proto is None or tgt_proto == src_proto
         self.src = spm.SentencePieceProcessor(model_proto=self.src_proto)
         self.tgt = self.src if self.joint else spm.SentencePieceProcessor(model_proto=self.tgt_proto)
+        self._samplers: tuple | None = None  # (source, target) samplers, built on the first sample_pairs
 
     @property
     def src_vocab_size(self) -> int:
@@ -72,15 +56,15 @@ class Tokenizer:
     ) -> tuple[list[list[int]], list[list[int]]]:
         """Both sides of a set of training pairs, each segmentation sampled (see Sampling).
 
-        Within one process the same ``seed`` gives the same pieces: ``set_random_generator_seed`` restarts
-        sentencepiece's global generator, and one thread encodes the whole list in order (its thread pool
-        hands sentences to threads nondeterministically). Across processes it does NOT: with sentencepiece
-        0.2.3 the same seed draws differently in every new process (measured, BPE and unigram alike), so a
-        resumed run re-samples the pieces of its current epoch. ``seed`` must be < 2**32 - 1.
+        Every random choice comes from ``np.random.default_rng(seed)`` (sources first, then targets),
+        never from sentencepiece's own generator, so the same ``seed`` gives the same pieces in any
+        process: a resumed run re-segments its current epoch exactly as the interrupted one did.
         """
-        spm.set_random_generator_seed(seed)
-        kw = dict(enable_sampling=True, alpha=sampling.alpha, nbest_size=sampling.nbest, num_threads=1)
-        return self.src.encode(srcs, **kw), self.tgt.encode(tgts, **kw)
+        if self._samplers is None:
+            src = sampler_for(self.src)
+            self._samplers = (src, src if self.joint else sampler_for(self.tgt))
+        rng = np.random.default_rng(seed)
+        return self._samplers[0].sample(srcs, sampling, rng), self._samplers[1].sample(tgts, sampling, rng)
 
     def src_pieces(self, text: str) -> list[str]:
         return self.src.encode(text, out_type=str)
