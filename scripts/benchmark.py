@@ -14,6 +14,12 @@ source+target tokens/s, the share of step time spent waiting for the next batch,
 memory (CUDA allocator peak, else the process's max RSS). Then greedy and beam-5 decoding of
 test.tsv in sentences/s. Prints a markdown table; --json writes everything.
 
+Efficiency (unless --no-efficiency; CPU only): this machine's GEMM peak in float32 and bf16 is
+measured once first (scripts/gemm_peak.py); after the timings, each model's training FLOPs per
+target token are counted on a few more real batches (scripts/model_flops.py: forward + backward
+products of Trainer.train_step), and a second table gives the GFLOP/s its median target tok/s
+achieve, their share of each peak, and the FLOPs per output token of greedy and beam-5 decoding.
+
 --compare joey,onmt also trains Joey NMT and OpenNMT-py on model R (installed by
 scripts/install_peers.sh, configs in scripts/peers/) on nmt's own pieces and batch size, in
 windows alternating with nmt's (see scripts/compare_peers.py), and prints nmt/peer ratios:
@@ -42,6 +48,7 @@ speed-up against float nmt. The decoding uses the first model of --models.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import platform
@@ -53,6 +60,8 @@ from pathlib import Path
 
 import compare_peers
 import decode_compare
+import gemm_peak
+import model_flops
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -75,6 +84,8 @@ MODELS = {
     "r_luong_feed": ["experiment=model_r", "decoder=luong", "decoder.input_feeding=true"],
     "r_luong_nofeed": ["experiment=model_r", "decoder=luong", "decoder.input_feeding=false"],
 }
+FLOP_BATCHES = 8  # real training batches whose train_step FLOPs are counted (extra updates, after the timings)
+FLOP_SENTENCES = 100  # test sentences whose decoding FLOPs are counted (the counter slows decoding down)
 
 
 def corpus_and_tokenizer(overrides: list[str], args):
@@ -179,6 +190,51 @@ class NmtRun:
             **decode,
             "decode_sentences": len(test),
         }
+
+
+def measure_peak(args) -> gemm_peak.Peak | None:
+    """This machine's GEMM peak (float32, bf16), measured once before any model is built."""
+    if args.no_efficiency or args.device != "cpu":
+        return None
+    peak = gemm_peak.measure()
+    print(peak.describe(), flush=True)
+    return peak
+
+
+def efficiency(run: NmtRun, row: dict, peak: gemm_peak.Peak) -> dict:
+    """Training FLOPs per target token (FLOP_BATCHES more real batches through train_step), the
+    GFLOP/s the row's median target tok/s achieve with them and their share of each GEMM peak;
+    decoding FLOPs per output token (greedy, beam 5) on the first FLOP_SENTENCES of test.tsv."""
+    train = model_flops.train_flops(run.trainer, [next(run.loader).to(run.device) for _ in range(FLOP_BATCHES)])
+    achieved = row["tgt_tok_s"] * train.per_token / 1e9
+    eff = {
+        "precision": run.trainer.precision.description.split(" (")[0],
+        "train_flop_per_tgt_token": train.per_token,
+        "achieved_gflops": achieved,
+        "peak_share": {name: achieved / g for name, g in peak.gflops.items()},
+    }
+    test = [s for s, _ in load_pairs(run.specs["test"])][:FLOP_SENTENCES]
+    for beam in (1, 5):
+        tr = Translator(run.model, run.tok, run.device, SearchOptions(beam_size=beam), max_tokens=8000)
+        eff[f"beam{beam}_flop_per_out_token"] = model_flops.decode_flops(tr, test).per_token
+    return eff
+
+
+def print_efficiency(rows: list[dict], peak: gemm_peak.Peak) -> None:
+    print(f"\n{peak.describe()}")
+    print(
+        "| model | precision | train MFLOP / tgt token | achieved GFLOP/s | share of float32 peak | "
+        "share of bf16 peak | greedy MFLOP / output token | beam-5 MFLOP / output token |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        e = r["efficiency"]
+        print(
+            f"| {r['model']} | {e['precision']} | {e['train_flop_per_tgt_token'] / 1e6:.1f} | "
+            f"{e['achieved_gflops']:.1f} | {100 * e['peak_share']['float32']:.0f}% | "
+            f"{100 * e['peak_share']['bf16']:.0f}% | {e['beam1_flop_per_out_token'] / 1e6:.1f} | "
+            f"{e['beam5_flop_per_out_token'] / 1e6:.1f} |"
+        )
 
 
 def compare(runs: list[NmtRun], peers: list[str], args) -> tuple[list[dict], list[dict]]:
@@ -326,6 +382,7 @@ def main() -> None:
     ap.add_argument("--decode-beam", type=int, default=5, help="--compare: beam size of the decoding comparison")
     ap.add_argument("--batch-sweep", default="", help="token budgets to sweep, e.g. 1000,2000,4000 (no decoding)")
     ap.add_argument("--plot", help="--batch-sweep: PNG of tokens/s against batch size")
+    ap.add_argument("--no-efficiency", action="store_true", help="skip the GEMM peak and the FLOP counts")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.batch_sweep:
@@ -341,6 +398,7 @@ def main() -> None:
             title = f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads"
             line_plot(series, args.plot, "real target tokens per batch", "training target tokens/s", title, logx=True)
         return
+    peak = measure_peak(args)
     runs = []
     for m in args.models.split(","):
         run = NmtRun(m, MODELS[m], args)
@@ -350,6 +408,8 @@ def main() -> None:
     compared, saved = compare(runs, args.compare.split(","), args) if args.compare else ([], [])
     decoded = compare_decoding(runs[0], saved, args) if args.compare and args.decode_rounds > 0 else []
     rows = [run.result(args) for run in runs]
+    for run, row in zip(runs, rows):
+        row["efficiency"] = efficiency(run, row, peak) if peak else None
     meta = {
         "device": args.device,
         "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
@@ -361,6 +421,7 @@ def main() -> None:
         "window_steps": args.window_steps,
     }
     print(f"\n{meta}\n")
+    meta["gemm_peak"] = dataclasses.asdict(peak) if peak else None  # per shape: for --json, too long to print
     print("| model | target tok/s | src+tgt tok/s | data wait | peak MiB | greedy sent/s | beam-5 sent/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
@@ -368,6 +429,8 @@ def main() -> None:
             f"| {r['model']} | {r['tgt_tok_s']:,.0f} | {r['src_tgt_tok_s']:,.0f} | {100 * r['data_wait']:.1f}% | "
             f"{r['peak_mib']:,.0f} | {r['beam1_sent_s']:,.0f} | {r['beam5_sent_s']:,.0f} |"
         )
+    if peak:
+        print_efficiency(rows, peak)
     if compared:
         print(f"\nagainst the peers: {args.rounds} rounds of {args.window_seconds:.0f} s windows, alternating")
         print("| model | peer | peer tgt tok/s | nmt tgt tok/s | nmt / peer | tgt tok/update (peer / nmt) | peer MiB |")

@@ -1,0 +1,139 @@
+"""This machine's measured GEMM peak in float32 and bf16: the ceiling that achieved FLOP/s are a share of.
+
+    python scripts/gemm_peak.py [--dtypes float32,bf16] [--repeats 3] [--json peak.json]
+
+``torch.mm`` on 512, 1024 and 2048 squares and on model R's vocabulary projection shape
+(640×512)·(512×8000) (a ~2,000-token batch's rows times the output layer), with torch's default
+intra-op threads, as training runs. Per shape: one untimed call (kernel creation, first-touch of
+the output), then the best of ``--repeats`` timed calls; GFLOP/s = 2·m·n·k / seconds. The peak of a
+dtype is the best over its shapes.
+
+Where bf16 has no hardware behind it (no AMX, no AVX512-BF16) torch emulates the products, often
+hundreds of times slower than float32; it is still measured, and reported as emulated. So that an
+emulated 2048³ product cannot take a minute, a shape whose predicted time (its FLOPs at the best
+rate measured so far for the dtype, smaller shapes first) exceeds ``--max-seconds`` is skipped and
+said to be; its rate is below the smaller shapes' there anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from nmt.calibrate import cpu_has_native_bf16, cpu_name
+
+# (m, k, n): A [m, k] · B [k, n]; smallest first, so a slow dtype's rate is known before the big ones
+SHAPES = ((512, 512, 512), (1024, 1024, 1024), (640, 512, 8000), (2048, 2048, 2048))
+DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class ShapeRate:
+    m: int
+    k: int
+    n: int
+    gflops: float | None  # best timed call; None when skipped
+    seconds: float | None  # that call's time
+    note: str = ""
+
+
+@dataclass
+class Peak:
+    """The best GFLOP/s per dtype over the shapes, and how each shape did."""
+
+    gflops: dict[str, float]  # dtype name → peak GFLOP/s
+    shapes: dict[str, list[ShapeRate]] = field(default_factory=dict)
+    threads: int = 0
+    cpu: str = ""
+    bf16_native: bool = False  # AMX or AVX512-BF16 present; False: bf16 products are emulated
+    cpu_capability: str = ""  # what torch's kernels dispatch to (AVX2, AVX512, ...)
+
+    def describe(self) -> str:
+        """One line: ``GEMM peak (AMD EPYC, 2 threads): float32 97 GFLOP/s, bf16 1.9 GFLOP/s (emulated)``."""
+        parts = []
+        for name, g in self.gflops.items():
+            emulated = name == "bf16" and not self.bf16_native
+            parts.append(f"{name} {g:,.1f} GFLOP/s" + (" (emulated: no AMX/AVX512-BF16)" if emulated else ""))
+        return f"GEMM peak ({self.cpu}, {self.threads} threads, {self.cpu_capability}): " + ", ".join(parts)
+
+
+def time_mm(a: torch.Tensor, b: torch.Tensor, repeats: int, budget_s: float) -> float:
+    """Best seconds of ``torch.mm(a, b)`` after one untimed call: ``repeats`` timed calls, fewer
+    (at least one) once they have taken ``budget_s`` together."""
+    out = torch.mm(a, b)
+    times: list[float] = []
+    while not times or (len(times) < repeats and sum(times) < budget_s):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def shape_rate(m: int, k: int, n: int, dtype: torch.dtype, repeats: int, best_so_far: float, max_s: float) -> ShapeRate:
+    """GFLOP/s of one shape, or a skipped entry when ``best_so_far`` GFLOP/s predicts more than ``max_s``
+    seconds per call; timed calls stop early once they have taken ``max_s`` together."""
+    flop = 2 * m * n * k
+    if best_so_far > 0 and flop / (best_so_far * 1e9) > max_s:
+        return ShapeRate(m, k, n, None, None, f"skipped: ~{flop / (best_so_far * 1e9):.0f} s per call predicted")
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=g).to(dtype)
+    b = torch.randn(k, n, generator=g).to(dtype)
+    seconds = time_mm(a, b, repeats, max_s)
+    return ShapeRate(m, k, n, flop / seconds / 1e9, seconds)
+
+
+def measure(
+    dtypes: tuple[str, ...] = ("float32", "bf16"),
+    shapes: tuple[tuple[int, int, int], ...] = SHAPES,
+    repeats: int = 3,
+    max_seconds: float = 5.0,
+) -> Peak:
+    """The GEMM peak of this machine for each dtype name in ``dtypes`` (keys of DTYPES)."""
+    peak = Peak(
+        {},
+        threads=torch.get_num_threads(),
+        cpu=cpu_name(),
+        bf16_native=cpu_has_native_bf16(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+    )
+    for name in dtypes:
+        rates: list[ShapeRate] = []
+        best = 0.0
+        for m, k, n in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
+            r = shape_rate(m, k, n, DTYPES[name], repeats, best, max_seconds)
+            rates.append(r)
+            best = max(best, r.gflops or 0.0)
+        peak.gflops[name], peak.shapes[name] = best, rates
+    return peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", default="float32,bf16", help="comma-separated: float32, bf16")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per shape (the best counts)")
+    ap.add_argument("--max-seconds", type=float, default=5.0, help="skip a shape predicted to take longer per call")
+    ap.add_argument("--json", help="write the measurement here")
+    args = ap.parse_args()
+    names = tuple(args.dtypes.split(","))
+    unknown = [n for n in names if n not in DTYPES]
+    if unknown:
+        raise SystemExit(f"--dtypes: unknown {', '.join(unknown)}; expected some of {', '.join(DTYPES)}")
+    peak = measure(names, repeats=args.repeats, max_seconds=args.max_seconds)
+    print("| dtype | m×k×n | GFLOP/s | seconds per call |\n|---|---|---:|---:|")
+    for name, rates in peak.shapes.items():
+        for r in rates:
+            rate = f"{r.gflops:,.1f}" if r.gflops else r.note
+            secs = f"{r.seconds:.4f}" if r.seconds else ""
+            print(f"| {name} | {r.m}×{r.k}×{r.n} | {rate} | {secs} |")
+    print(peak.describe())
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(peak), indent=1))
+
+
+if __name__ == "__main__":
+    main()
