@@ -38,7 +38,7 @@ def env(cache: Path) -> dict:
         HF_HUB_OFFLINE="1",
         HF_DATASETS_OFFLINE="1",
         WANDB_MODE="disabled",
-        OMP_NUM_THREADS="2",
+        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"),  # 1 under `pytest -n 2` (conftest.py)
         PYTHONUNBUFFERED="1",
     )
     return e
