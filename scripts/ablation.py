@@ -1,0 +1,199 @@
+"""One-lever-at-a-time ablation of a preset at equal wall clock (issue 14).
+
+    python scripts/ablation.py --out runs/ablation --minutes 12
+    python -m nmt.report runs/ablation --valid-sentences 0     # table of every row + BLEU-vs-minutes plot
+
+Every row trains ``experiment=PRESET`` for the same ``trainer.max_minutes`` with one lever changed
+(the first row changes nothing), one after the other, never two at once: rows compete for the same
+cores, so run nothing else beside it. Each row then scores its ``best.pt`` and ``averaged.pt`` on the
+whole valid.tsv with beam search (``nmt.evaluate``), and ``ablation.md`` in OUT gets one line per
+row: valid BLEU/chrF, the steps and target tokens/s it reached, and the difference to the first
+row. Tuning data only: test.tsv is never decoded here.
+
+A row whose folder already has ``ablation.json`` is kept (re-running the command continues an
+interrupted ablation); ``--only`` picks rows by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# name, overrides, what the row tests
+ROWS: list[tuple[str, list[str], str]] = [
+    ("preset", [], "the preset unchanged"),
+    ("subword_sampling", ["tokenizer.sample_alpha=0.1"], "unigram sampling, alpha 0.1, all segmentations (Kudo 2018)"),
+    (
+        "word_dropout",
+        ["data.src_word_dropout=0.1", "data.tgt_word_dropout=0.1"],
+        "10% of source and target-input tokens → <unk> (Sennrich & Zhang 2019)",
+    ),
+    (
+        "layer_norm",
+        ["encoder.layer_norm=true", "decoder.layer_norm=true"],
+        "layer-normalised GRU cells (Ba et al. 2016)",
+    ),
+    ("tie_all", ["model.tie_all_embeddings=true"], "encoder emb = decoder emb = output layer"),
+    ("label_smoothing_0.2", ["trainer.label_smoothing=0.2"], "label smoothing 0.2 instead of 0.1"),
+    ("vocab_4k", ["tokenizer.vocab_size=4000"], "4k joint unigram pieces instead of 8k"),
+    ("batch_1000", ["data.max_tokens=1000"], "~1,000-token batches instead of ~2,000"),
+]
+
+# Held equal in every row: checkpoints for averaging, no decoding search at the end of training
+# (the rows are scored with one fixed beam below), validation often enough for a curve.
+COMMON = [
+    "trainer.keep_last=3",
+    "trainer.average_last=3",
+    "trainer.tune_decoding=false",
+    "trainer.valid_every=300",
+    "wandb.mode=disabled",
+]
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def evaluate(checkpoint: Path, valid: Path, beam: int, folder: Path, tag: str) -> dict | None:
+    if not checkpoint.is_file():
+        return None
+    out = folder / f"valid_beam{beam}_{tag}.json"
+    cmd = [
+        sys.executable, "-m", "nmt.evaluate", f"checkpoint={checkpoint}", f"input={valid}",
+        f"beam_size={beam}", "length_penalty=1.0", f"json={out}",
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True)
+    return json.loads(out.read_text())
+
+
+def validations(folder: Path) -> list[dict]:
+    rows = []
+    path = folder / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if "bleu" in rec or "valid_bleu" in rec:
+                rows.append(rec)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("runs/ablation"))
+    ap.add_argument("--preset", default="cpu_small")
+    ap.add_argument("--minutes", type=float, default=12.0)
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--valid", type=Path, default=Path("data/spa-eng/valid.tsv"))
+    ap.add_argument("--only", nargs="*", help="row names (default: all)")
+    ap.add_argument("--list", action="store_true", help="print the rows and stop")
+    ap.add_argument("extra", nargs="*", help="more overrides for every row (key=value)")
+    args = ap.parse_args()
+    if args.list:
+        for name, ov, what in ROWS:
+            print(f"{name:22s} {' '.join(ov) or '-':60s} {what}")
+        return
+    known = {name for name, _, _ in ROWS}
+    for name in args.only or []:
+        if name not in known:
+            sys.exit(f"--only: unknown row {name!r}; rows: {', '.join(sorted(known))}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, overrides, what in ROWS:
+        if args.only and name not in args.only:
+            continue
+        folder = args.out / name
+        done = folder / "ablation.json"
+        if done.is_file():
+            print(f"[ablation] {name}: kept ({done})", flush=True)
+            continue
+        cmd = [
+            sys.executable, "-m", "nmt.train", f"experiment={args.preset}",
+            f"trainer.max_minutes={args.minutes:g}", *COMMON, *overrides, *args.extra,
+            f"hydra.run.dir={folder}",
+        ]  # fmt: skip
+        print(f"[ablation] {name}: {' '.join(cmd[2:])}", flush=True)
+        t0 = time.time()
+        subprocess.run(cmd, check=True, env=os.environ.copy())
+        wall = time.time() - t0
+        best = evaluate(folder / "checkpoints" / "best.pt", args.valid, args.beam, folder, "best")
+        avg = evaluate(folder / "checkpoints" / "averaged.pt", args.valid, args.beam, folder, "averaged")
+        rec = {
+            "row": name,
+            "what": what,
+            "overrides": overrides,
+            "minutes": args.minutes,
+            "wall_seconds": round(wall, 1),
+            "validations": validations(folder),
+            "best": best,
+            "averaged": avg,
+            "cpu": cpu_name(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+        done.write_text(json.dumps(rec, indent=1))
+    write_table(args)
+
+
+def score(res: dict | None, key: str) -> float | None:
+    if not res:
+        return None
+    for k in (key, key.upper(), key.lower()):
+        if k in res and isinstance(res[k], (int, float)):
+            return float(res[k])
+    return None
+
+
+def write_table(args) -> None:
+    recs = []
+    for name, _, _ in ROWS:
+        path = args.out / name / "ablation.json"
+        if path.is_file():
+            recs.append(json.loads(path.read_text()))
+    if not recs:
+        return
+    base = score(recs[0]["best"], "bleu") if recs[0]["row"] == "preset" else None
+    lines = [
+        f"Valid BLEU/chrF: whole {args.valid.name}, beam {args.beam}, length penalty 1.0, sacrebleu defaults. "
+        f"Each row trained `experiment={args.preset}` for {args.minutes:g} minutes of wall clock; "
+        f"CPU: {recs[0]['cpu']}.",
+        "",
+        "| row | change | steps | tgt tok/s | BLEU best.pt | Δ | chrF | BLEU averaged.pt |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in recs:
+        vals = r["validations"]
+        last = vals[-1] if vals else {}
+        b = score(r["best"], "bleu")
+        chrf = score(r["best"], "chrf")
+        avg = score(r["averaged"], "bleu")
+        delta = "" if base is None or b is None or r["row"] == "preset" else f"{b - base:+.2f}"
+        tps = last.get("tgt_tokens_per_s")
+        change = " ".join(f"`{o}`" for o in r["overrides"]) or "—"
+        cells = [
+            r["row"],
+            change,
+            str(last.get("step", "")),
+            "" if tps is None else f"{tps:,.0f}",
+            "" if b is None else f"{b:.2f}",
+            delta,
+            "" if chrf is None else f"{chrf:.2f}",
+            "" if avg is None else f"{avg:.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    (args.out / "ablation.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
