@@ -216,6 +216,9 @@ class DecodeConfig:
     max_len_ratio: float = 2.0  # at most max_len_ratio * source length + 10 pieces
     min_len_ratio: float = 0.0  # no EOS before min_len_ratio * source length pieces
     no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)
+    # exact: beam search stops when no open beam can still win | early: when none could win by ending
+    # at the next step (faster under a length penalty; may miss a longer best hypothesis; nmt.search)
+    stop: str = "exact"
     max_input_len: int = 256  # source pieces kept per line; longer lines are truncated with a warning
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
@@ -306,6 +309,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.rnn_impl": ("auto", "eager", "loop", "cudnn"),  # nmt.models.rnn.IMPLS
     "wandb.mode": ("auto", "online", "offline", "disabled"),
     "quantize": ("none", "int8"),  # nmt.models.quant.MODES
+    "stop": ("exact", "early"),  # nmt.search.STOP_RULES
 }
 
 

@@ -80,6 +80,7 @@ def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions,
         max_len_ratio=cfg.max_len_ratio,
         min_len_ratio=cfg.min_len_ratio,
         no_repeat_ngram=cfg.no_repeat_ngram,
+        stop=cfg.stop,
     )
     return options, f"decoding with beam {beam}, length penalty {alpha:g} ({_origin(cfg, stored)})"
 

@@ -14,6 +14,12 @@ can only fall as it grows, and its length penalty is at most lp(max length), so
 open_score / lp(max_len) (coverage penalty ≤ 0 bounded by 0) is an upper bound on any
 hypothesis it can still become. Stopping at the first ``n_best`` finished hypotheses, as
 many toolkits do, is wrong under a length penalty: a longer open beam may still win.
+
+``stop="early"`` trades that guarantee for speed: an open beam counts as beatable once it could
+not overtake by ending at the very next step (open_score / lp(t + 1)), the heuristic of Hugging
+Face's ``early_stopping=False``. With α = 0 both rules are the same (the bound is exact); with
+α > 0 "early" decodes fewer steps and may miss a longer hypothesis that "exact" finds
+(scripts/benchmark_stopping.py measures both: steps, words/s, BLEU).
 """
 
 from __future__ import annotations
@@ -47,6 +53,14 @@ class SearchOptions:
     min_len_ratio: float = 0.0  # EOS is blocked before min_len_ratio * source length tokens
     max_len_cap: int = 0  # absolute cap on generated tokens (0 = none)
     no_repeat_ngram: int = 0  # block any n-gram of this size from occurring twice (0 = off)
+    stop: str = "exact"  # exact: stop when no open beam can still win | early: ... by ending next step
+
+    def __post_init__(self) -> None:
+        if self.stop not in STOP_RULES:
+            raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, not {self.stop!r}")
+
+
+STOP_RULES = ("exact", "early")
 
 
 def length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tensor:
@@ -168,7 +182,10 @@ def beam_search(
 
         # Done: n_best finished hypotheses, and no open beam can overtake the n_best-th of them
         # (-inf >= -inf also ends a sentence that has no open beam left).
-        best_open = scores.max(dim=1).values / bound_lp[active]  # [n]
+        if opts.stop == "exact":
+            best_open = scores.max(dim=1).values / bound_lp[active]  # [n]
+        else:  # early: what the best open beam would score if it ended at the next step
+            best_open = scores.max(dim=1).values / length_penalty(step_len + 1, alpha).to(dev)
         done = kth_finished[active] >= best_open
         keep = ~done
         if not bool(keep.any()):

@@ -66,6 +66,24 @@ def test_stopping_at_the_first_finished_hypothesis_would_be_wrong():
     assert long.log_prob == pytest.approx(math.log(0.45), abs=1e-4)
 
 
+def test_early_stop_may_miss_a_longer_winner_that_exact_finds():
+    """EOS at step 1 (p=.5) vs A B C EOS (p=.4): under alpha=1 the longer one scores best
+    (log .4 / lp(4) > log .5 / lp(1)), but "early" stops at step 1 because A ending at step 2 would
+    score worse than the finished EOS; with alpha=0 both rules agree (the bound is exact)."""
+    toy = Toy({BOS: {EOS: 0.5, A: 0.4, C: 0.1}, A: {B_: 1.0}, B_: {C: 1.0}, C: {EOS: 1.0}})
+    b = src_batch()
+    exact = beam_search(toy, b.src, b.src_len, SearchOptions(beam_size=2, alpha=1.0))[0][0]
+    steps_exact = len(toy.sizes)
+    toy.sizes.clear()
+    early = beam_search(toy, b.src, b.src_len, SearchOptions(beam_size=2, alpha=1.0, stop="early"))[0][0]
+    assert early.tokens == [] and len(toy.sizes) == 1
+    assert exact.tokens == [A, B_, C] and exact.score > early.score and steps_exact >= 4
+    for stop in ("exact", "early"):
+        assert beam_search(toy, b.src, b.src_len, SearchOptions(beam_size=2, alpha=0.0, stop=stop))[0][0].tokens == []
+    with pytest.raises(ValueError, match="stop must be one of exact, early"):
+        SearchOptions(stop="sometimes")
+
+
 def test_min_length_and_repeat_blocking():
     toy = Toy({BOS: {EOS: 0.6, A: 0.4}, A: {EOS: 0.5, A: 0.45, B_: 0.05}, B_: {A: 0.9, EOS: 0.1}})
     b = src_batch((4,))
@@ -149,3 +167,32 @@ def test_averaging_identical_checkpoints_is_the_identity(trained_model):
     avg = average([path, path])
     for k, v in model.state_dict().items():
         torch.testing.assert_close(avg["model"][k], v)
+
+
+def test_early_stop_never_beats_exact_and_equals_it_without_length_penalty(trained_model, sample_dir):
+    model, tok, _ = trained_model
+    _, b = sample_batch(tok, sample_dir, 100)
+    run = {}
+    for stop in ("exact", "early"):
+        for alpha in (0.0, 1.0):
+            run[stop, alpha] = beam_search(model, b.src, b.src_len, SearchOptions(beam_size=4, alpha=alpha, stop=stop))
+    for i in range(len(run["exact", 0.0])):
+        assert run["exact", 0.0][i][0].tokens == run["early", 0.0][i][0].tokens, i
+        assert run["exact", 1.0][i][0].score >= run["early", 1.0][i][0].score - 1e-5, i
+
+
+def test_stop_key_reaches_the_search_and_is_validated(trained_model):
+    from omegaconf import OmegaConf
+
+    from nmt.config import DecodeConfig, validate
+    from nmt.errors import ConfigError
+    from nmt.runtime import load_translator
+
+    _, _, run = trained_model
+    cfg = OmegaConf.merge(OmegaConf.structured(DecodeConfig), {"checkpoint": "x.pt", "stop": "sometimes"})
+    with pytest.raises(ConfigError, match=r"stop='sometimes' is unknown; choose one of exact, early"):
+        validate(cfg, "translate")
+    best = str(run / "checkpoints" / "best.pt")
+    cfg = OmegaConf.merge(OmegaConf.structured(DecodeConfig), {"checkpoint": best, "device": "cpu", "stop": "early"})
+    assert load_translator(cfg).search.stop == "early"
+    assert OmegaConf.structured(DecodeConfig).stop == "exact"
