@@ -134,14 +134,32 @@ def variant_keys(jobs: Iterable[Job]) -> list[str]:
 def group(jobs: list[Job]) -> list[Variant]:
     """Jobs that differ only in seed (and run bookkeeping) → one Variant each, in first-seen order."""
     keys = variant_keys(jobs)
+    usual = one_at_a_time(jobs, keys)
     variants: dict[tuple, Variant] = {}
     for j in jobs:
-        label = ", ".join(f"{k}={j.keys[k]}" for k in keys if k in j.keys)  # a key a job lacks: left out
+        shown = [k for k in keys if k in j.keys and j.keys[k] != usual.get(k, object())]  # a key a job lacks: left out
+        label = ", ".join(f"{k}={j.keys[k]}" for k in shown) or ("baseline" if usual else "")
         v = variants.setdefault((j.attention, j.order, label), Variant(j.attention, j.order, label, []))
         v.jobs.append(j)
     for v in variants.values():
         v.jobs.sort(key=lambda j: (j.seed is None, j.seed if j.seed is not None else 0, j.name))
     return list(variants.values())
+
+
+def one_at_a_time(jobs: list[Job], keys: list[str]) -> dict[str, str]:
+    """An ablation's usual values: when several keys vary and each has one value held by more than
+    half of the jobs (a baseline with one lever changed per job), key → that value, so that labels
+    name only what a job changed (and the unchanged job reads "baseline"); else ``{}`` (a grid)."""
+    if len(keys) < 2:
+        return {}
+    usual = {}
+    for k in keys:
+        values = [j.keys.get(k) for j in jobs]
+        top = max(set(values), key=values.count)
+        if values.count(top) * 2 <= len(values):
+            return {}
+        usual[k] = top
+    return usual
 
 
 def mean_spread(values: list[float]) -> tuple[float, float]:

@@ -109,6 +109,24 @@ def test_a_user_sweep_is_labelled_by_the_keys_that_differ_and_grouped_over_seeds
     ]
 
 
+def test_an_ablation_is_labelled_by_the_one_lever_each_job_changed():
+    jobs = [
+        job("preset", 1),
+        job("preset2", 2),
+        job("ln", 1, encoder={"layer_norm": True}),
+        job("vocab", 1, tokenizer={"vocab_size": 4000}),
+    ]
+    for j in jobs:  # every job has every key, as Hydra writes them
+        j.keys.setdefault("encoder.layer_norm", "False")
+        j.keys.setdefault("tokenizer.vocab_size", "8000")
+    labels = [(v.label, [j.name for j in v.jobs]) for v in group(jobs)]
+    assert labels == [("baseline", ["preset", "preset2"]), ("encoder.layer_norm=True", ["ln"]),
+                      ("tokenizer.vocab_size=4000", ["vocab"])]  # fmt: skip
+    grid = [job(f"g{i}", 1, encoder={"layer_norm": a}, tokenizer={"vocab_size": b}) for i, (a, b) in
+            enumerate([(True, 4000), (True, 8000), (False, 4000), (False, 8000)])]  # fmt: skip
+    assert [v.label.count("=") for v in group(grid)] == [2, 2, 2, 2]  # a grid: every varied key named
+
+
 def test_attention_parameters_label_variants_only_within_one_attention():
     local = {"name": "local_m", "window": 5}
     jobs = [job("dot", 1, attention={"name": "dot"}), job("local", 1, attention=local)]
