@@ -155,7 +155,7 @@ class TrainerConfig:
     patience: int = 5  # stop after this many validations without a BLEU gain (0 = never)
     # last.pt is written at least this often (besides every validation), so a hard kill loses at most this much.
     checkpoint_minutes: float = 5.0
-    log_every: int = 100  # a progress line every this many steps ...
+    log_every: int = 100  # a progress line after this many steps since the last one ...
     log_seconds: float = 30.0  # ... and at least every this many seconds
     resume: bool = False  # continue from last.pt of hydra.run.dir (without it: the newest run of this command)
     # Keys that may differ from the checkpoint's config on resume (besides limits, device, logging).

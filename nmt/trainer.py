@@ -75,7 +75,7 @@ class Schedule:
     valid_every: int = 0
     valid_minutes: float = 3.0
     checkpoint_minutes: float = 5.0  # last.pt at least this often (0 = only at validations and the end)
-    log_every: int = 100  # a progress line every this many steps ...
+    log_every: int = 100  # a progress line after this many steps since the last one ...
     log_seconds: float = 30.0  # ... and at least this often
 
 
@@ -331,6 +331,7 @@ class Trainer:
         self.progress = Progress()
         self._calibration: tuple[int, float] | None = None
         self._saved_at = self._logged_at = 0.0  # elapsed_s of the newest last.pt / progress line
+        self._logged_step = 0  # the step of the newest progress line
 
     # ---- checkpoints ----
     def state(self) -> dict:
@@ -365,6 +366,7 @@ class Trainer:
             self.precision.scaler.load_state_dict(ckpt["scaler"])
         self.progress = p = Progress(**ckpt["progress"])
         self._saved_at = self._logged_at = p.elapsed_s
+        self._logged_step = p.step
         rngs = ckpt["rng"]
         if self.dist.rank < len(rngs):
             set_rng_state(rngs[self.dist.rank])
@@ -497,7 +499,9 @@ class Trainer:
                 p.step, p.epoch = p.step + 1, max(p.epoch, int(epoch))
                 bar.update(1)
                 self._calibrate(p)
-                if p.step % s.log_every == 0 or p.elapsed_s - self._logged_at >= s.log_seconds:
+                # log_every steps or log_seconds since the last line, whichever comes first (counted from
+                # the last line, so a time-based line is never followed by a step-based one a step later)
+                if p.step - self._logged_step >= s.log_every or p.elapsed_s - self._logged_at >= s.log_seconds:
                     self._log_progress(p, since_log, bar)
                     since_log = Window(self.device)
                 if p.valid_every and p.step % p.valid_every == 0 and self._limit_reason(p) is None:
@@ -554,7 +558,7 @@ class Trainer:
     def _log_progress(self, p: Progress, window: Window, bar: tqdm) -> None:
         """One progress line: step, epoch, loss, speed, elapsed time, share done and ETA of the nearest limit."""
         train_loss, tok_s, _ = window.read(self.dist)  # the one sync for logging
-        self._logged_at = p.elapsed_s
+        self._logged_at, self._logged_step = p.elapsed_s, p.step
         lr = self.opt.param_groups[0]["lr"]
         shown = "n/a" if train_loss is None else f"{train_loss:.4f}"
         bar.set_postfix(loss=shown, tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)

@@ -96,3 +96,27 @@ def test_checkpoint_clock_and_progress_line_follow_the_agreed_clock():
     trainer.fit(batches())
     assert saves.steps[:3] == [1, 2, 3]  # then the end of the run (step 4: validation)
     assert logged == [1, 2, 3, 4]
+
+
+@dataclasses.dataclass(frozen=True)
+class JumpAt(Dist):
+    """One process whose agreed elapsed time jumps 40 s at the second step (a slow step, a pause)."""
+
+    steps: itertools.count = dataclasses.field(default_factory=lambda: itertools.count(1), compare=False)
+
+    def max(self, values: list[float]) -> list[float]:
+        sig, elapsed, epoch = values
+        return [sig, elapsed + (40.0 if next(self.steps) >= 2 else 0.0), epoch]
+
+
+def test_progress_lines_count_steps_from_the_last_line():
+    """A time-based line at step 2 moves the next step-based one to step 5, not step 3 (which would
+    print two lines a step apart)."""
+    trainer, _ = make_trainer(
+        Schedule(max_steps=9, checkpoint_minutes=0, log_every=3, log_seconds=30.0, valid_every=1000)
+    )
+    object.__setattr__(trainer, "dist", JumpAt())
+    logged, log_progress = [], trainer._log_progress
+    trainer._log_progress = lambda p, window, bar: logged.append(p.step) or log_progress(p, window, bar)
+    trainer.fit(batches())
+    assert logged == [2, 5, 8]
