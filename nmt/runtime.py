@@ -82,7 +82,8 @@ def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions,
         no_repeat_ngram=cfg.no_repeat_ngram,
         stop=cfg.stop,
     )
-    return options, f"decoding with beam {beam}, length penalty {alpha:g} ({_origin(cfg, stored)})"
+    stop = "" if cfg.stop == "exact" else f", stop={cfg.stop}"
+    return options, f"decoding with beam {beam}, length penalty {alpha:g}{stop} ({_origin(cfg, stored)})"
 
 
 def _origin(cfg: Any, stored: dict) -> str:

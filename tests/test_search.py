@@ -186,7 +186,7 @@ def test_stop_key_reaches_the_search_and_is_validated(trained_model):
 
     from nmt.config import DecodeConfig, validate
     from nmt.errors import ConfigError
-    from nmt.runtime import load_translator
+    from nmt.runtime import load_translator, search_options
 
     _, _, run = trained_model
     cfg = OmegaConf.merge(OmegaConf.structured(DecodeConfig), {"checkpoint": "x.pt", "stop": "sometimes"})
@@ -195,4 +195,6 @@ def test_stop_key_reaches_the_search_and_is_validated(trained_model):
     best = str(run / "checkpoints" / "best.pt")
     cfg = OmegaConf.merge(OmegaConf.structured(DecodeConfig), {"checkpoint": best, "device": "cpu", "stop": "early"})
     assert load_translator(cfg).search.stop == "early"
+    assert "stop=early" in search_options(cfg)[1]
+    assert "stop" not in search_options(OmegaConf.merge(cfg, {"stop": "exact"}))[1]
     assert OmegaConf.structured(DecodeConfig).stop == "exact"
