@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from nmt.calibrate import cpu_name
 
 # name, overrides, what the row tests
 ROWS: list[tuple[str, list[str], str]] = [
@@ -60,17 +60,6 @@ COMMON = [
 AT_STEP = 600  # a second view at equal steps (greedy, first valid_max_sentences lines), immune to CPU speed drift
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def evaluate(checkpoint: Path, valid: Path, beam: int, folder: Path, tag: str) -> dict | None:
     if not checkpoint.is_file():
         return None
@@ -89,7 +78,7 @@ def validations(folder: Path) -> list[dict]:
     if path.is_file():
         for line in path.read_text().splitlines():
             rec = json.loads(line)
-            if "bleu" in rec or "valid_bleu" in rec:
+            if "bleu" in rec:  # a validation record
                 rows.append(rec)
     return rows
 
@@ -129,7 +118,7 @@ def main() -> None:
         ]  # fmt: skip
         print(f"[ablation] {name}: {' '.join(cmd[2:])}", flush=True)
         t0 = time.time()
-        subprocess.run(cmd, check=True, env=os.environ.copy())
+        subprocess.run(cmd, check=True)
         wall = time.time() - t0
         best = evaluate(folder / "checkpoints" / "best.pt", args.valid, args.beam, folder, "best")
         avg = evaluate(folder / "checkpoints" / "averaged.pt", args.valid, args.beam, folder, "averaged")
@@ -150,12 +139,8 @@ def main() -> None:
 
 
 def score(res: dict | None, key: str) -> float | None:
-    if not res:
-        return None
-    for k in (key, key.upper(), key.lower()):
-        if k in res and isinstance(res[k], (int, float)):
-            return float(res[k])
-    return None
+    """A score from nmt.evaluate's JSON (None when the checkpoint was missing)."""
+    return None if not res else res.get(key)
 
 
 def write_table(args) -> None:

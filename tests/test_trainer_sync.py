@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,14 +31,16 @@ AHEAD = 100.0  # seconds the (simulated) slowest peer's clock gains on this proc
 
 
 @dataclasses.dataclass(frozen=True)
-class PeerAhead(Dist):
-    """One process whose all-reduced maximum of the elapsed time is a peer's: ``AHEAD`` s more per step."""
+class AgreedClock(Dist):
+    """One process whose all-reduced maximum of the elapsed time adds ``offset(k)`` seconds at its k-th
+    step (k from 1): by default a peer's clock gaining ``AHEAD`` s on this one at every step."""
 
+    offset: Callable[[int], float] = lambda k: AHEAD * k
     steps: itertools.count = dataclasses.field(default_factory=lambda: itertools.count(1), compare=False)
 
     def max(self, values: list[float]) -> list[float]:
         sig, elapsed, epoch = values
-        return [sig, elapsed + AHEAD * next(self.steps), epoch]
+        return [sig, elapsed + self.offset(next(self.steps)), epoch]
 
 
 class Saves:
@@ -65,7 +68,9 @@ def make_trainer(schedule: Schedule) -> tuple[Trainer, Saves]:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     precision = build_precision("none", torch.device("cpu"), model)
     saves = Saves()
-    trainer = Trainer(model, opt, sched, precision, validator, EarlyStopping(0), saves, None, schedule, {}, PeerAhead())
+    trainer = Trainer(
+        model, opt, sched, precision, validator, EarlyStopping(0), saves, None, schedule, {}, AgreedClock()
+    )
     trainer.data_starts()  # a fresh run: the data position of each shard
     return trainer, saves
 
@@ -98,24 +103,13 @@ def test_checkpoint_clock_and_progress_line_follow_the_agreed_clock():
     assert logged == [1, 2, 3, 4]
 
 
-@dataclasses.dataclass(frozen=True)
-class JumpAt(Dist):
-    """One process whose agreed elapsed time jumps 40 s at the second step (a slow step, a pause)."""
-
-    steps: itertools.count = dataclasses.field(default_factory=lambda: itertools.count(1), compare=False)
-
-    def max(self, values: list[float]) -> list[float]:
-        sig, elapsed, epoch = values
-        return [sig, elapsed + (40.0 if next(self.steps) >= 2 else 0.0), epoch]
-
-
 def test_progress_lines_count_steps_from_the_last_line():
     """A time-based line at step 2 moves the next step-based one to step 5, not step 3 (which would
     print two lines a step apart)."""
     trainer, _ = make_trainer(
         Schedule(max_steps=9, checkpoint_minutes=0, log_every=3, log_seconds=30.0, valid_every=1000)
     )
-    object.__setattr__(trainer, "dist", JumpAt())
+    trainer.dist = AgreedClock(offset=lambda k: 40.0 if k >= 2 else 0.0)  # the clock jumps 40 s at step 2
     logged, log_progress = [], trainer._log_progress
     trainer._log_progress = lambda p, window, bar: logged.append(p.step) or log_progress(p, window, bar)
     trainer.fit(batches())
