@@ -217,8 +217,9 @@ class DecodeConfig:
     min_len_ratio: float = 0.0  # no EOS before min_len_ratio * source length pieces
     no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)
     # exact: beam search stops when no open beam can still win | early: when none could win by ending
-    # at the next step (faster under a length penalty; may miss a longer best hypothesis; nmt.search)
-    stop: str = "exact"
+    # at the next step (faster under a length penalty; may miss a longer best hypothesis; nmt.search).
+    # unset: the checkpoint's choice on valid (early only where it lost no BLEU there), else exact.
+    stop: str | None = None
     max_input_len: int = 256  # source pieces kept per line; longer lines are truncated with a warning
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
@@ -332,8 +333,8 @@ def _choice_problems(cfg: Any) -> list[str]:
     for key in (*CHOICES, "attention.name"):
         section, _, name = key.rpartition(".")
         node = OmegaConf.select(cfg, section)
-        if node is None or name not in node or OmegaConf.is_interpolation(node, name):
-            continue  # not this command's key, or an echo of another (decoder.cell = ${encoder.cell})
+        if node is None or name not in node or OmegaConf.is_interpolation(node, name) or node[name] is None:
+            continue  # not this command's key, an echo of another (decoder.cell = ${encoder.cell}), or unset
         if problem := bad_choice(key, node[name]):
             problems.append(problem)
     return problems

@@ -125,11 +125,12 @@ def main(cfg: DictConfig) -> None:
     sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
     hyps = [t.text for t in tr.translate(sources)]
     s = score(hyps, sources, refs)
-    beam, alpha = tr.search.beam_size, tr.search.alpha  # as given, else the checkpoint's choice (logged)
-    s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=beam, length_penalty=alpha)
+    beam, alpha, stop = tr.search.beam_size, tr.search.alpha, tr.search.stop  # as given, else the checkpoint's (logged)
+    s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=beam, length_penalty=alpha, stop=stop)
     if cfg.baseline:
         if cfg.baseline.endswith(".pt"):  # decoded with the same search settings
             same = {"checkpoint": cfg.baseline, "ensemble": [], "beam_size": beam, "length_penalty": alpha}
+            same["stop"] = stop
             base_tr = load_translator(OmegaConf.merge(cfg, same))
             base = [t.text for t in base_tr.translate(sources)]
         else:

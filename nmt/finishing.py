@@ -7,9 +7,11 @@ interrupt or a fault): average its newest checkpoints and choose each checkpoint
   last lines can put its valid BLEU beside ``best.pt``'s.
 - ``decoding`` (``trainer.tune_decoding``): the beam size and GNMT length penalty (Wu et al. 2016)
   that give the highest BLEU on the validation sentences (``data.valid_max_sentences``), searched
-  over a small grid for ``best.pt`` and ``averaged.pt`` each and stored in the checkpoint as
-  ``{beam_size, length_penalty, bleu, sentences}``. ``nmt.translate``/``evaluate``/``serve`` decode
-  with it when the user sets neither key (``nmt.runtime.decoding_options``). Tuned on valid only,
+  over a small grid for ``best.pt`` and ``averaged.pt`` each; then, at the chosen beam and penalty,
+  the faster ``stop=early`` rule (``nmt.search``) is kept when its BLEU is no lower than ``exact``'s.
+  Stored in the checkpoint as ``{beam_size, length_penalty, stop, bleu, sentences}``;
+  ``nmt.translate``/``evaluate``/``serve`` decode with it where the user leaves a key unset
+  (``nmt.runtime.search_options``). Tuned on valid only,
   so test.tsv stays unseen.
 
 Plain objects: the grid and the switches come from ``nmt.training.build_finisher``.
@@ -18,6 +20,7 @@ Plain objects: the grid and the switches come from ``nmt.training.build_finisher
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -59,6 +62,19 @@ def choose_decoding(score: Callable[[SearchOptions], float], grid: DecodingGrid)
         shown = f"{row[0][1]:.2f}" if k == 1 else "  ".join(f"lp {a:g}: {b:.2f}" for a, b in row)
         log.info("  beam %d: BLEU %s", k, shown)
     return max(results, key=lambda r: (r[1], -r[0].beam_size, -abs(r[0].alpha - DEFAULT_SEARCH.alpha)))
+
+
+def choose_stop(
+    score: Callable[[SearchOptions], float], best: SearchOptions, bleu: float
+) -> tuple[SearchOptions, float]:
+    """``best`` with ``stop=early`` when that scores no lower than ``bleu`` (``best``'s score with the exact
+    rule), else ``best`` unchanged. Greedy search (beam 1) has no stopping rule to choose."""
+    if best.beam_size == 1:
+        return best, bleu
+    early = dataclasses.replace(best, stop="early")
+    early_bleu = score(early)
+    log.info("  beam %d, lp %g: BLEU %.2f with stop=early (exact %.2f)", best.beam_size, best.alpha, early_bleu, bleu)
+    return (early, early_bleu) if early_bleu >= bleu else (best, bleu)
 
 
 @dataclass
@@ -131,9 +147,11 @@ class Finisher:
         start = time.monotonic()
         with heartbeat(f"choosing decoding defaults for {path.name}"):
             best, bleu = choose_decoding(lambda o: validator.bleu(scratch, o), self.grid)
+            best, bleu = choose_stop(lambda o: validator.bleu(scratch, o), best, bleu)
         choice = {
             "beam_size": best.beam_size,
             "length_penalty": best.alpha,
+            "stop": best.stop,
             "bleu": round(bleu, 2),
             "sentences": validator.sentences,
         }
@@ -144,8 +162,9 @@ class Finisher:
 
 
 def describe(choice: dict) -> str:
-    """'beam 5, length penalty 1.0 (valid BLEU 23.10 on 500 sentences)'."""
+    """'beam 5, length penalty 1.0 (valid BLEU 23.10 on 500 sentences)', with ', stop=early' when chosen."""
+    stop = ", stop=early" if choice.get("stop") == "early" else ""
     return (
-        f"beam {choice['beam_size']}, length penalty {choice['length_penalty']:g} "
+        f"beam {choice['beam_size']}, length penalty {choice['length_penalty']:g}{stop} "
         f"(valid BLEU {choice['bleu']:.2f} on {choice['sentences']} sentences)"
     )

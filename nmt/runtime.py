@@ -60,10 +60,10 @@ def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions,
     """The search settings of a DecodeConfig (translate, evaluate and serve share it), and a line saying
     where the beam size and length penalty came from.
 
-    ``beam_size`` / ``length_penalty`` left unset (null) take the checkpoint's ``stored`` choice (its
-    ``decoding``, chosen on valid at the end of training: ``trainer.tune_decoding``), else 5 / 1.0 as
-    before such choices existed. With ``n_best`` above the checkpoint's beam and no ``beam_size`` given,
-    the beam widens to ``n_best``.
+    ``beam_size`` / ``length_penalty`` / ``stop`` left unset (null) take the checkpoint's ``stored``
+    choice (its ``decoding``, chosen on valid at the end of training: ``trainer.tune_decoding``), else
+    5 / 1.0 / exact as before such choices existed. With ``n_best`` above the checkpoint's beam and no
+    ``beam_size`` given, the beam widens to ``n_best``.
     """
     stored = stored or {}
     beam = cfg.beam_size if cfg.beam_size is not None else stored.get("beam_size", DEFAULT_SEARCH.beam_size)
@@ -72,6 +72,7 @@ def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions,
     elif cfg.n_best > cfg.beam_size:
         raise ConfigError(f"n_best={cfg.n_best} needs beam_size >= {cfg.n_best} (got {cfg.beam_size})")
     alpha = cfg.length_penalty if cfg.length_penalty is not None else stored.get("length_penalty", DEFAULT_SEARCH.alpha)
+    stop = cfg.stop if cfg.stop is not None else stored.get("stop", DEFAULT_SEARCH.stop)
     options = SearchOptions(
         beam_size=beam,
         n_best=cfg.n_best,
@@ -80,16 +81,17 @@ def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions,
         max_len_ratio=cfg.max_len_ratio,
         min_len_ratio=cfg.min_len_ratio,
         no_repeat_ngram=cfg.no_repeat_ngram,
-        stop=cfg.stop,
+        stop=stop,
     )
-    stop = "" if cfg.stop == "exact" else f", stop={cfg.stop}"
-    return options, f"decoding with beam {beam}, length penalty {alpha:g}{stop} ({_origin(cfg, stored)})"
+    shown = "" if stop == "exact" else f", stop={stop}"
+    return options, f"decoding with beam {beam}, length penalty {alpha:g}{shown} ({_origin(cfg, stored)})"
 
 
 def _origin(cfg: Any, stored: dict) -> str:
     """Where the beam size and length penalty came from, for the log."""
-    given = [k for k in ("beam_size", "length_penalty") if getattr(cfg, k) is not None]
-    if len(given) == 2:
+    keys = ("beam_size", "length_penalty", "stop") if "stop" in stored else ("beam_size", "length_penalty")
+    given = [k for k in keys if getattr(cfg, k) is not None]
+    if len(given) == len(keys):
         return "as given"
     if stored:
         where = f"the checkpoint's choice on valid, BLEU {stored['bleu']:.2f} on {stored['sentences']} sentences"

@@ -31,7 +31,8 @@ trained there, for the same seconds each: every peer first gets as long as nmt t
 rounds (its --windows), unmeasured, then the same rounds of windows. nmt saves its model as
 nmt.train does (checkpoints/best.pt and last.pt of a run folder, through the Trainer's saver); each
 peer is told to stop and writes its own checkpoint. Each system then decodes the first
---decode-sentences lines of valid.tsv with --decode-beam (5) by its own CLI as a user runs it, as
+--decode-sentences lines of valid.tsv with --decode-beam (5) by its own CLI as a user runs it (nmt
+with --decode-stop, exact or early: the beam search's stopping rule, nmt/search.py), as
 a subprocess timed from launch to exit (start-up included): nmt.translate on raw text, and again
 with quantize=int8; the peers' translate commands with sentencepiece encoding and decoding
 around them (timed too, so every command takes raw text and gives detokenised text). Systems
@@ -311,9 +312,9 @@ def compare_decoding(run: NmtRun, saved: list[dict], args) -> list[dict]:
     (out / "tgt.model").write_bytes(run.tok.tgt_proto)
     nmt = {"updates": run.steps, "trained_s": run.trained_s}
     ckpt, beam = run.save(), args.decode_beam
-    jobs = [decode_compare.nmt_job(ckpt, src, out, beam, args.device)]
+    jobs = [decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop)]
     if args.device == "cpu":
-        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, quantize="int8"))
+        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, quantize="int8", stop=args.decode_stop))
     for job in jobs:
         job.trained = nmt
     for s in saved:
@@ -380,6 +381,9 @@ def main() -> None:
     ap.add_argument("--window-seconds", type=float, default=60.0, help="--compare: length of every window")
     ap.add_argument("--decode-rounds", type=int, default=2, help="--compare: decoding rounds (median); 0 = no decoding")
     ap.add_argument("--decode-beam", type=int, default=5, help="--compare: beam size of the decoding comparison")
+    ap.add_argument(
+        "--decode-stop", choices=("exact", "early"), default="exact", help="--compare: nmt's beam stopping rule"
+    )
     ap.add_argument("--batch-sweep", default="", help="token budgets to sweep, e.g. 1000,2000,4000 (no decoding)")
     ap.add_argument("--plot", help="--batch-sweep: PNG of tokens/s against batch size")
     ap.add_argument("--no-efficiency", action="store_true", help="skip the GEMM peak and the FLOP counts")

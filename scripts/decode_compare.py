@@ -4,8 +4,9 @@ Every system decodes the same raw source lines (valid.tsv) with the same beam in
 text, as a user runs it: one subprocess per command, timed wall-clock from launch to exit, so
 start-up (imports, loading the checkpoint) counts as it does for a user.
 
-- nmt: ``python -m nmt.translate checkpoint=best.pt input=RAW output=OUT beam_size=5``; raw text
-  in, detokenised text out. Once more with ``quantize=int8`` (CPU only).
+- nmt: ``python -m nmt.translate checkpoint=best.pt input=RAW output=OUT beam_size=5 stop=RULE``;
+  raw text in, detokenised text out. Once more with ``quantize=int8`` (CPU only). RULE is the
+  beam search's stopping rule (``exact`` or ``early``, nmt.search), given to both.
 - OpenNMT-py and Joey NMT translate sentencepiece pieces, so their timed part is the three commands
   a user of theirs runs for the same job, one after another: ``peers/spm_pieces.py encode`` (nmt's
   own sentencepiece model, in the peer's venv), the translate command (OpenNMT-py
@@ -90,14 +91,21 @@ def decode_env() -> dict[str, str]:
 
 
 def nmt_job(
-    checkpoint: Path, src: Path, out: Path, beam: int, device: str = "cpu", quantize: str = "none"
+    checkpoint: Path,
+    src: Path,
+    out: Path,
+    beam: int,
+    device: str = "cpu",
+    quantize: str = "none",
+    stop: str = "exact",
 ) -> DecodeJob:
     """``python -m nmt.translate`` on raw text (this checkout's nmt, from the repository root)."""
     system = NMT if quantize == "none" else f"nmt {quantize}"
     hyp = out / f"{system.replace(' ', '_')}.b{beam}.txt"
     cmd = [sys.executable, "-m", "nmt.translate", f"checkpoint={checkpoint}", f"input={src}", f"output={hyp}"]
-    cmd += [f"beam_size={beam}", f"device={device}"] + ([f"quantize={quantize}"] if quantize != "none" else [])
-    timed = "python -m nmt.translate (raw text in, detokenised text out)"
+    cmd += [f"beam_size={beam}", f"stop={stop}", f"device={device}"]
+    cmd += [f"quantize={quantize}"] if quantize != "none" else []
+    timed = f"python -m nmt.translate stop={stop} (raw text in, detokenised text out)"
     return DecodeJob(system, beam, [Step(cmd)], hyp, timed, env={"PYTHONPATH": str(REPO)})
 
 
@@ -251,6 +259,7 @@ def summary(rows: list[dict], rounds: int) -> str:
         f"decoding valid.tsv ({rows[0]['sentences']:,} sentences) with the models trained above (windows: "
         f"{trained}); whole commands, start-up included, median of {rounds} alternating rounds"
     )
+    line += "".join(f"; nmt: {r['timed']}" for r in rows if r["system"] == NMT)
     if peers:
         alone = ", ".join(f"{r['system']} {r['translate_s']:.1f} s" for r in peers)
         line += f"; peers: spm encode + translate + spm decode, all timed (translate alone: {alone})"

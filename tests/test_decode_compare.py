@@ -108,7 +108,7 @@ def test_nmt_jobs_and_a_peer_pipeline_decode_end_to_end(bench_checkpoint, sample
     )
     jobs = [
         decode_compare.nmt_job(best, src, tmp_path, 2),
-        decode_compare.nmt_job(best, src, tmp_path, 2, quantize="int8"),
+        decode_compare.nmt_job(best, src, tmp_path, 2, quantize="int8", stop="early"),
         echo,
     ]
     for job in jobs:
@@ -128,3 +128,5 @@ def test_nmt_jobs_and_a_peer_pipeline_decode_end_to_end(bench_checkpoint, sample
     said = decode_compare.summary(rows, 1)
     assert f"({len(pairs)} sentences)" in said and "echo 1 s / 5 updates" in said and "nmt int8" not in said
     assert f"translate alone: echo {rows[2]['translate_s']:.1f} s" in said
+    assert "nmt: python -m nmt.translate stop=exact" in said
+    assert "stop=early" in jobs[1].steps[0].cmd and "stop=exact" in jobs[0].steps[0].cmd

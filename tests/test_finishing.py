@@ -18,9 +18,10 @@ from nmt import checkpoint
 from nmt.config import DecodeConfig, TrainConfig, validate
 from nmt.distributed import Dist
 from nmt.errors import ConfigError, NmtError
-from nmt.finishing import DecodingGrid, Finished, choose_decoding
+from nmt.finishing import DecodingGrid, Finished, choose_decoding, choose_stop
 from nmt.rundir import RunDir
 from nmt.runtime import load_translator, search_options
+from nmt.search import SearchOptions
 from nmt.train import finish
 from nmt.trainer import FitResult, Progress
 from nmt.training import config_changes
@@ -71,8 +72,9 @@ def test_decoding_defaults_are_chosen_on_the_grid_and_stored(finished_run):
     rundir, _, proc = finished_run
     for path in (rundir.best, rundir.averaged):
         d = checkpoint.load(path)["decoding"]
-        assert set(d) == {"beam_size", "length_penalty", "bleu", "sentences"}
+        assert set(d) == {"beam_size", "length_penalty", "stop", "bleu", "sentences"}
         assert (d["beam_size"], d["length_penalty"]) in {(1, 1.0), (2, 0.5), (2, 1.5)}
+        assert d["stop"] in ("exact", "early") and (d["beam_size"] > 1 or d["stop"] == "exact")
         assert d["sentences"] == 40 and 0 <= d["bleu"] <= 100
         assert f"{path.name}: decoding defaults beam {d['beam_size']}" in proc.stderr
     assert "choosing decoding defaults for best.pt on 40 valid sentences (3 settings)" in proc.stderr
@@ -84,15 +86,16 @@ def test_translate_and_evaluate_load_averaged_pt_and_say_which_decoding_they_use
     text = "I like cats.\nWhere is Tom?\n"
     chosen = run_module("nmt.translate", [f"checkpoint={rundir.averaged}"], cache, stdin=text)
     assert len(chosen.stdout.splitlines()) == 2
-    line = f"decoding with beam {d['beam_size']}, length penalty {d['length_penalty']:g} (the checkpoint's choice"
+    stop = ", stop=early" if d["stop"] == "early" else ""
+    line = f"decoding with beam {d['beam_size']}, length penalty {d['length_penalty']:g}{stop} (the checkpoint's choice"
     assert line in chosen.stderr
-    same = [f"beam_size={d['beam_size']}", f"length_penalty={d['length_penalty']}"]
+    same = [f"beam_size={d['beam_size']}", f"length_penalty={d['length_penalty']}", f"stop={d['stop']}"]
     given = run_module("nmt.translate", [f"checkpoint={rundir.averaged}", *same], cache, stdin=text)
     assert given.stdout == chosen.stdout and "(as given)" in given.stderr
     js = tmp_path / "scores.json"
     run_module("nmt.evaluate", [f"checkpoint={rundir.averaged}", f"input={sample_dir}/test.tsv", f"json={js}"], cache)
     s = json.loads(js.read_text())
-    assert (s["beam_size"], s["length_penalty"]) == (d["beam_size"], d["length_penalty"])
+    assert (s["beam_size"], s["length_penalty"], s["stop"]) == (d["beam_size"], d["length_penalty"], d["stop"])
 
 
 def with_decoding(src, dst, decoding: dict | None) -> str:
@@ -137,6 +140,14 @@ def test_search_options_resolution():
     assert (opts.beam_size, opts.alpha) == (3, 1.0) and "length_penalty as given, the rest the checkpoint's" in line
     opts, line = search_options(decode_cfg("x.pt"), None)
     assert (opts.beam_size, opts.alpha) == (5, 1.0) and "defaults: the checkpoint stores no choice" in line
+    assert opts.stop == "exact"  # a choice stored before the stopping rule was tuned
+    early = {**stored, "stop": "early"}
+    opts, line = search_options(decode_cfg("x.pt"), early)
+    assert opts.stop == "early" and "length penalty 0.6, stop=early (the checkpoint's choice" in line
+    opts, line = search_options(decode_cfg("x.pt", stop="exact"), early)
+    assert (opts.beam_size, opts.stop) == (3, "exact") and "stop as given, the rest the checkpoint's" in line
+    opts, line = search_options(decode_cfg("x.pt", beam_size=2, length_penalty=1.0, stop="exact"), early)
+    assert line.endswith("(as given)")
     opts, _ = search_options(decode_cfg("x.pt", n_best=4), stored)
     assert opts.beam_size == 4  # n-best needs that many beams; no beam_size was given
     with pytest.raises(ConfigError, match="n_best=4 needs beam_size >= 4"):
@@ -152,6 +163,18 @@ def test_choose_decoding_tries_greedy_once_and_breaks_ties_towards_the_cheaper_s
     assert (best.beam_size, best.alpha, bleu) == (5, 1.2, 30.0)  # smaller beam first, then the penalty nearest 1.0
     best, _ = choose_decoding(lambda o: 12.0 if o.beam_size == 8 and o.alpha == 0.6 else 10.0, grid)
     assert (best.beam_size, best.alpha) == (8, 0.6)
+
+
+def test_choose_stop_keeps_early_only_where_it_loses_no_bleu():
+    exact = SearchOptions(beam_size=5, alpha=0.8)
+    best, bleu = choose_stop(lambda o: 30.0, exact, 30.0)
+    assert (best.stop, best.beam_size, best.alpha, bleu) == ("early", 5, 0.8, 30.0)  # a tie goes to the faster rule
+    best, bleu = choose_stop(lambda o: 29.9, exact, 30.0)
+    assert (best, bleu) == (exact, 30.0)
+    best, bleu = choose_stop(lambda o: 30.5, exact, 30.0)
+    assert (best.stop, bleu) == ("early", 30.5)
+    greedy = SearchOptions(beam_size=1)
+    assert choose_stop(lambda o: pytest.fail("greedy has no stopping rule to score"), greedy, 9.0) == (greedy, 9.0)
 
 
 def test_average_last_needs_keep_last_and_the_grid_must_not_be_empty():

@@ -197,4 +197,5 @@ def test_stop_key_reaches_the_search_and_is_validated(trained_model):
     assert load_translator(cfg).search.stop == "early"
     assert "stop=early" in search_options(cfg)[1]
     assert "stop" not in search_options(OmegaConf.merge(cfg, {"stop": "exact"}))[1]
-    assert OmegaConf.structured(DecodeConfig).stop == "exact"
+    unset = OmegaConf.merge(cfg, {"stop": None})  # the default: the checkpoint's choice, else exact
+    assert OmegaConf.structured(DecodeConfig).stop is None and search_options(unset)[0].stop == "exact"
