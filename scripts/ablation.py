@@ -44,6 +44,12 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("label_smoothing_0.2", ["trainer.label_smoothing=0.2"], "label smoothing 0.2 instead of 0.1"),
     ("vocab_4k", ["tokenizer.vocab_size=4000"], "4k joint unigram pieces instead of 8k"),
     ("subword_sampling_0.2", ["tokenizer.sample_alpha=0.2"], "unigram sampling, alpha 0.2 (1.35x pieces, not 1.9x)"),
+    ("vocab_2k", ["tokenizer.vocab_size=2000"], "2k joint unigram pieces instead of 8k"),
+    (
+        "subword_sampling_nbest",
+        ["tokenizer.sample_alpha=0.5", "tokenizer.sample_nbest=64"],
+        "unigram sampling among the 64 best segmentations, alpha 0.5",
+    ),
 ]
 
 # Held equal in every row: checkpoints for averaging, no decoding search at the end of training
@@ -66,7 +72,7 @@ def evaluate(checkpoint: Path, valid: Path, beam: int, folder: Path, tag: str) -
     out = folder / f"valid_beam{beam}_{tag}.json"
     cmd = [
         sys.executable, "-m", "nmt.evaluate", f"checkpoint={checkpoint}", f"input={valid}",
-        f"beam_size={beam}", "length_penalty=1.0", f"json={out}",
+        f"beam_size={beam}", "length_penalty=1.0", "stop=exact", f"json={out}",
     ]  # fmt: skip
     subprocess.run(cmd, check=True)
     return json.loads(out.read_text())
