@@ -265,7 +265,11 @@ def compare(runs: list[NmtRun], peers: list[str], args) -> tuple[list[dict], lis
                 line += f" {peer.name} {pw['tgt_tok_s']:,.0f} |" if pw else f" {peer.name} (no complete interval) |"
             print(line + " target tok/s", flush=True)
         for peer in started:
-            path, updates = compare_peers.stop_and_save(peer)
+            try:
+                path, updates = compare_peers.stop_and_save(peer)
+            except SystemExit as e:  # its training rows stand; only its decode row is lost
+                print(f"{e}; {peer.name} is left out of the decode comparison", flush=True)
+                continue
             saved.append(
                 {
                     "peer": peer.name,

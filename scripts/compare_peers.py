@@ -237,5 +237,9 @@ def stop_and_save(peer: Peer, timeout: float = 300) -> tuple[Path, int]:
         peer.proc.wait(timeout)
     except subprocess.TimeoutExpired:
         stop(peer)
-        raise SystemExit(f"{peer.name}: did not save and exit within {timeout:.0f} s of being told to") from None
+        tail = (peer.run / "stdout.txt").read_text(errors="replace").strip().splitlines()[-3:]
+        raise SystemExit(
+            f"{peer.name}: did not save and exit within {timeout:.0f} s of being told to"
+            f" (last output: {' | '.join(tail) or 'none'})"
+        ) from None
     return (_onmt_checkpoint if peer.name == "onmt" else _joey_checkpoint)(peer.run)
