@@ -142,12 +142,13 @@ class StepTimer:
 
 class ProductTimer:
     """Seconds of one time step's vocabulary projection, [B, O] · [O, V] with the decoder's own
-    output weight (B = max_tokens // LENGTH), both operands already in the dtype (as StepLinear
-    casts a weight once per pass)."""
+    output weight (B = max_tokens // LENGTH, or ``rows``), both operands already in the dtype (as
+    StepLinear casts a weight once per pass)."""
 
-    def __init__(self, model: Seq2Seq, cal: Calibration):
+    def __init__(self, model: Seq2Seq, cal: Calibration, rows: int | None = None):
         w = model.decoder.out.weight.detach()  # [V, O]
-        x = torch.randn(max(1, cal.max_tokens // LENGTH), w.size(1), generator=torch.Generator().manual_seed(0))
+        rows = rows or max(1, cal.max_tokens // LENGTH)
+        x = torch.randn(rows, w.size(1), generator=torch.Generator().manual_seed(0))
         self.operands = {None: (x, w), torch.bfloat16: (x.bfloat16(), w.bfloat16())}
         # a small model's product takes microseconds: repeat it to ~PROBE_FLOP so timer noise does not decide
         self.repeats = max(1, PROBE_FLOP // (x.size(0) * w.size(0) * w.size(1)))
@@ -223,24 +224,32 @@ def calibrate(model: Seq2Seq, cal: Calibration) -> Measured:
     (``measure_model``) and saved."""
     threads = torch.get_num_threads()
     key = {"cpu": cpu_name(), "torch": torch.__version__, "threads": threads, "model": model_signature(model, cal)}
-    path = None
-    if cal.cache_dir:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-        path = Path(cal.cache_dir).expanduser() / f"{digest}.json"
-    entry = _read_cache(path, key) if path else None
-    cached_at = entry and entry.get("measured_at", "earlier")
-    if entry is None:
-        entry = {"key": key, **measure_model(model, cal), "measured_at": _now()}
-        if path:
-            try:
-                atomic_write(path, lambda f: f.write(json.dumps(entry, indent=1).encode()))
-            except OSError as e:  # a read-only home must not stop training; the next run measures again
-                log.warning("%s: could not save the precision measurement (%s)", path, e)
-                path = None
+    entry, path, cached_at = _cached(cal.cache_dir, key, lambda: measure_model(model, cal))
     ratio = entry["float32_s"] / entry["bf16_s"]
     seconds = 0.0 if cached_at else entry["seconds"]
     basis = entry.get("basis", "steps")
     return Measured(ratio >= BF16_MARGIN, ratio, key["cpu"], threads, basis, path, cached_at, seconds)
+
+
+def _cached(cache_dir: str | None, key: dict, measure_fn: Callable[[], dict]) -> tuple[dict, Path | None, str | None]:
+    """The measurement for ``key``: read from ``cache_dir`` (one JSON file per key), else ``measure_fn()``
+    saved there (atomically; a read-only cache only warns). → (entry, its file or None, when it was
+    measured if it came from the cache, else None)."""
+    path = None
+    if cache_dir:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(cache_dir).expanduser() / f"{digest}.json"
+    entry = _read_cache(path, key) if path else None
+    if entry is not None:
+        return entry, path, entry.get("measured_at", "earlier")
+    entry = {"key": key, **measure_fn(), "measured_at": _now()}
+    if path:
+        try:
+            atomic_write(path, lambda f: f.write(json.dumps(entry, indent=1).encode()))
+        except OSError as e:  # a read-only home must not stop the command; the next run measures again
+            log.warning("%s: could not save the precision measurement (%s)", path, e)
+            path = None
+    return entry, path, None
 
 
 def _product_dtype(model: Seq2Seq) -> torch.dtype | None:
@@ -249,3 +258,55 @@ def _product_dtype(model: Seq2Seq) -> torch.dtype | None:
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+DECODE_ROWS = 256  # beams in one search step when choosing decoding's products: ~50 sentences x beam 5
+
+
+def decode_dtype(
+    model: Seq2Seq, amp: str, device: torch.device, cache_dir: str | None = None, probe: Timer | None = None
+) -> tuple[torch.dtype | None, str]:
+    """``amp`` of translate/evaluate/serve → the dtype of decoding's matrix products (None = float32) and
+    why, for the log.
+
+    A beam search step is mostly the vocabulary projection ([beams, O] · [O, V]); the rest (attention,
+    gate maths, top-k) is small and stays float32 whatever the choice. So ``auto`` on CPU times that
+    projection alone at DECODE_ROWS rows in float32 and bf16 (``measure``: well under a second) and
+    takes bf16 when it is at least BF16_MARGIN faster. Like training's choice it is cached per CPU
+    model, torch, thread count and projection shape (``cache_dir``: the commands' ``amp_cache``), so
+    the same machine always decodes the same way. On CUDA ``auto`` stays float32 (decoding on a GPU has
+    never been measured here). ``bf16`` forces bf16 products (warning where they are emulated), ``none``
+    float32. ``probe``: a ``dtype -> seconds`` timer for tests (default: ProductTimer).
+    """
+    if amp == "none":
+        return None, "amp=none"
+    if amp == "bf16":
+        if device.type == "cpu" and not cpu_has_native_bf16():
+            log.warning(
+                "amp=bf16: this CPU (%s) has no bf16 matrix units (AMX / AVX512-BF16), so bf16 products are "
+                "emulated and usually slower than float32; amp=auto measures which is faster",
+                cpu_name(),
+            )
+        return torch.bfloat16, "amp=bf16"
+    if amp != "auto":
+        raise ValueError(f"amp={amp!r}: expected auto, bf16 or none")
+    if device.type != "cpu":
+        return None, "amp=auto keeps float32 on CUDA for decoding (never measured on a GPU); amp=bf16 forces"
+    threads = torch.get_num_threads()
+    shape = [DECODE_ROWS, *reversed(model.decoder.out.weight.shape)]  # rows, O, V
+    key = {"cpu": cpu_name(), "torch": torch.__version__, "threads": threads, "decode_projection": shape}
+
+    def run() -> dict:
+        start = time.monotonic()
+        f32, bf16 = measure(probe or ProductTimer(model, Calibration(), rows=DECODE_ROWS))
+        return {"float32_s": f32, "bf16_s": bf16, "basis": "probe", "seconds": time.monotonic() - start}
+
+    entry, path, cached_at = _cached(cache_dir, key, run)
+    ratio = entry["float32_s"] / entry["bf16_s"]
+    where = f"{key['cpu']}, {threads} thread{'s' * (threads != 1)}"
+    why = f"measured: bf16 products {ratio:.2f}x the speed of float32 (the vocabulary projection) on {where}"
+    if cached_at:
+        why += f"; cached {cached_at} in {path}"
+    else:
+        why += f"; took {entry['seconds']:.2f} s" + (f", saved to {path}" if path else "")
+    return (torch.bfloat16 if ratio >= BF16_MARGIN else None), why + "; amp=bf16 or none forces a choice"

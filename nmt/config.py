@@ -225,6 +225,11 @@ class DecodeConfig:
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
     # none | int8: the decoder's linear and recurrent products in int8 (CPU only; nmt.models.quant)
     quantize: str = "none"
+    # Matrix products of decoding (quantize=none): auto = bf16 where a quick measurement on this CPU finds
+    # them faster than float32 (AMX / AVX512-BF16 CPUs), else float32; bf16 | none force (nmt.calibrate).
+    amp: str = "auto"
+    # Where amp=auto keeps its per-CPU choice, so one machine always decodes alike (null: measure every time).
+    amp_cache: str | None = "${oc.env:NMT_CACHE,'~/.cache/nmt'}/precision"
 
 
 @dataclass
@@ -310,6 +315,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.rnn_impl": ("auto", "eager", "loop", "cudnn"),  # nmt.models.rnn.IMPLS
     "wandb.mode": ("auto", "online", "offline", "disabled"),
     "quantize": ("none", "int8"),  # nmt.models.quant.MODES
+    "amp": ("auto", "bf16", "none"),  # the decoding commands' products (nmt.calibrate.decode_dtype)
     "stop": ("exact", "early"),  # nmt.search.STOP_RULES
 }
 

@@ -124,7 +124,24 @@ def load_translator(cfg: Any) -> Translator:
         model = Ensemble(members)
     log.info("%s", used)
     model = quant.quantize(model, mode)  # int8 products for CPU decoding; the model itself when none
+    amp, cache = cfg.get("amp", "auto"), cfg.get("amp_cache")
+    log.info("decoding products: %s", decode_products(model, amp, mode, device, cache))
     return Translator(model, tok, device, search, max_input_len=cfg.max_input_len)
+
+
+def decode_products(
+    model: Seq2Seq | Ensemble, amp: str, quantize: str, device: torch.device, cache_dir: str | None = None
+) -> str:
+    """Set the product dtype decoding runs with (the decoding commands' ``amp``) and say which, for the log.
+    int8 decoding (``quantize=int8``) has its own products, so ``amp`` does not apply there."""
+    if quantize != "none":
+        return f"int8 (quantize={quantize}; amp does not apply)"
+    from nmt.calibrate import decode_dtype
+
+    first = model.members[0] if isinstance(model, Ensemble) else model
+    dtype, why = decode_dtype(first, amp, device, cache_dir)
+    model.set_matmul_dtype(dtype)
+    return f"{'bf16' if dtype == torch.bfloat16 else 'float32'} ({why})"
 
 
 def check_outputs(*paths: str | None) -> None:

@@ -91,10 +91,12 @@ class Decoder(nn.Module):
             self.out.weight = self.embed.weight
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, O] → [B, T, V], once over all steps of a teacher-forced pass.
+        """[.., O] → [.., V]: once over all steps of a teacher-forced pass ([B, T, O]), or one search
+        step ([B, O]).
 
-        In the RNN's product dtype (bf16 on CPUs with matrix units, see Seq2Seq.set_matmul_dtype):
-        with the step loop's GEMMs, the vocabulary projection is most of a step's arithmetic.
+        In the RNN's product dtype (bf16 on CPUs with matrix units, see Seq2Seq.set_matmul_dtype; the
+        logits then come out in bf16): with the step loop's GEMMs, the vocabulary projection is most
+        of a step's arithmetic, in training and in beam search alike.
         """
         dtype = self.rnn.matmul_dtype
         if dtype is None:
@@ -184,7 +186,7 @@ class BahdanauDecoder(Decoder):
     def step(self, y_prev, state):
         emb = self.emb_dropout(self.embed(y_prev))  # [B, E]
         ctx, w, state = self._core(self.rnn.first_gates(state.weights, emb), state)
-        return self.out(self._readout(top(state.hidden), ctx, emb)), state, w
+        return self.logits(self._readout(top(state.hidden), ctx, emb)), state, w
 
     def _teacher_forced(self, tgt_in, enc):
         emb = self.emb_dropout(self.embed(tgt_in))  # [B, T, E]
@@ -258,7 +260,7 @@ class LuongDecoder(Decoder):
     def step(self, y_prev, state):
         emb = self.emb_dropout(self.embed(y_prev))  # [B, E]
         att, w, state = self._core(self.rnn.first_gates(state.weights, emb), state)
-        return self.out(att), state, w
+        return self.logits(att), state, w
 
     def _teacher_forced(self, tgt_in, enc):
         emb = self.emb_dropout(self.embed(tgt_in))  # [B, T, E]

@@ -21,8 +21,9 @@ class Seq2Seq(nn.Module):
 
     def set_matmul_dtype(self, dtype: torch.dtype | None) -> None:
         """Dtype of the big matrix products on CPU (None = the surrounding one): both RNNs' step-loop
-        GEMMs and the decoder's vocabulary projection, which follows its RNN. The one place that sets
-        it (nmt.training.build_precision, the benchmarks): whole-step autocast on CPU was slower."""
+        GEMMs and the decoder's vocabulary projection, which follows its RNN, in training and in search.
+        Set by nmt.training.build_precision (trainer.amp), nmt.runtime.load_translator (the decoding
+        commands' amp) and the benchmarks: whole-step autocast on CPU was slower."""
         for m in self.modules():
             if isinstance(m, RNN):
                 m.matmul_dtype = dtype
@@ -61,6 +62,11 @@ class Ensemble(nn.Module):
     def __init__(self, members: list[Seq2Seq]):
         super().__init__()
         self.members = nn.ModuleList(members)
+
+    def set_matmul_dtype(self, dtype: torch.dtype | None) -> None:
+        """Every member's product dtype (Seq2Seq.set_matmul_dtype)."""
+        for m in self.members:
+            m.set_matmul_dtype(dtype)
 
     def start(self, src: torch.Tensor, src_len: torch.Tensor) -> EnsembleState:
         return EnsembleState(m.start(src, src_len) for m in self.members)

@@ -1,0 +1,142 @@
+"""Decoding's matrix products (translate/evaluate/serve ``amp``): measured per CPU, cached, applied to search."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from test_decoder import CASES, random_batch, tiny_model
+
+from helpers import run_module
+from nmt.calibrate import decode_dtype
+from nmt.config import DecodeConfig, TranslateConfig, validate
+from nmt.errors import ConfigError
+from nmt.runtime import load_translator
+from nmt.search import SearchOptions, beam_search
+
+CPU = torch.device("cpu")
+
+
+def probe(f32: float, bf16: float):
+    """A ``dtype -> seconds`` timer that reports fixed times (and counts its calls)."""
+
+    def timer(dtype):
+        timer.calls += 1
+        return bf16 if dtype == torch.bfloat16 else f32
+
+    timer.calls = 0
+    return timer
+
+
+def test_auto_takes_bf16_only_where_it_is_measured_faster():
+    model = tiny_model("luong", "gru", False)
+    dtype, why = decode_dtype(model, "auto", CPU, probe=probe(1.0, 0.5))
+    assert dtype == torch.bfloat16 and "bf16 products 2.00x the speed of float32" in why
+    dtype, why = decode_dtype(model, "auto", CPU, probe=probe(1.0, 1.0))  # a tie is below the margin
+    assert dtype is None and "1.00x" in why
+    dtype, _ = decode_dtype(model, "auto", CPU, probe=probe(1.0, 4.0))  # emulated bf16
+    assert dtype is None
+
+
+def test_auto_choice_is_cached_per_machine_and_shape(tmp_path):
+    """The first measurement decides for later runs, so one machine always decodes the same way."""
+    model = tiny_model("bahdanau", "gru", True)
+    dtype, why = decode_dtype(model, "auto", CPU, str(tmp_path), probe=probe(1.0, 0.5))
+    assert dtype == torch.bfloat16 and "saved to" in why
+    (entry,) = [json.loads(f.read_text()) for f in tmp_path.glob("*.json")]
+    assert entry["key"]["decode_projection"] == [256, model.decoder.out_size, 40]
+    later = probe(1.0, 3.0)  # would say float32 if it were asked
+    dtype, why = decode_dtype(model, "auto", CPU, str(tmp_path), probe=later)
+    assert dtype == torch.bfloat16 and "cached" in why and later.calls == 0
+    # Another projection shape is another entry, measured afresh.
+    other = tiny_model("bahdanau", "gru", True, tie=True)
+    dtype, _ = decode_dtype(other, "auto", CPU, str(tmp_path), probe=probe(1.0, 3.0))
+    assert dtype is None and len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_forced_choices_and_cuda_measure_nothing():
+    model = tiny_model("luong", "gru", False)
+    never = probe(1.0, 1.0)
+    assert decode_dtype(model, "none", CPU, probe=never) == (None, "amp=none")
+    assert decode_dtype(model, "bf16", CPU, probe=never)[0] == torch.bfloat16
+    dtype, why = decode_dtype(model, "auto", torch.device("cuda"), probe=never)
+    assert dtype is None and "CUDA" in why
+    assert never.calls == 0
+
+
+@pytest.mark.parametrize("order,cell,feed", CASES)
+def test_search_step_runs_the_projection_in_the_models_product_dtype(order, cell, feed, seeded):
+    """With bf16 products set, a search step's logits come from the bf16 projection (as the teacher-forced
+    pass's do), within bf16 rounding of float32; and the step still equals the full pass."""
+    model = tiny_model(order, cell, feed, layers=2, rnn_impl="loop")
+    b = random_batch()
+
+    def steps():
+        with torch.no_grad():
+            state, out = model.start(b.src, b.src_len), []
+            for t in range(b.tgt_in.size(1)):
+                logits, state, _ = model.decoder.step(b.tgt_in[:, t], state)
+                out.append(logits)
+            return torch.stack(out, 1), model(b.src, b.src_len, b.tgt_in)[0]
+
+    f32, _ = steps()
+    model.set_matmul_dtype(torch.bfloat16)
+    bf16, full = steps()
+    assert f32.dtype == torch.float32 and bf16.dtype == torch.bfloat16
+    assert not torch.equal(bf16.float(), f32)
+    torch.testing.assert_close(bf16.float(), f32, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(bf16, full, rtol=1e-2, atol=1e-2)
+    hyps = beam_search(model, b.src, b.src_len, SearchOptions(beam_size=3))
+    assert all(len(h) == 1 and h[0].score <= 0 for h in hyps)
+
+
+def test_amp_key_is_validated_before_any_work():
+    for schema in (DecodeConfig, TranslateConfig):
+        cfg = OmegaConf.merge(OmegaConf.structured(schema), {"checkpoint": "x.pt", "amp": "fp8"})
+        with pytest.raises(ConfigError, match=r"amp='fp8' is unknown; choose one of auto, bf16, none"):
+            validate(cfg, "translate")
+    assert OmegaConf.structured(DecodeConfig).amp == "auto"
+
+
+def test_translate_cli_says_which_products_it_decodes_with(trained, tmp_path, sample_dir):
+    run, cache, _ = trained
+    best = f"{run}/checkpoints/best.pt"
+    lines = [ln.split("\t")[0] for ln in (sample_dir / "test.tsv").read_text().splitlines()[:20]]
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(lines) + "\n")
+    outs = {}
+    for amp in ("none", "bf16", "auto"):
+        out = tmp_path / f"{amp}.txt"
+        proc = run_module("nmt.translate", [f"checkpoint={best}", f"input={src}", f"output={out}", f"amp={amp}"], cache)
+        outs[amp] = out.read_text().splitlines()
+        assert len(outs[amp]) == len(lines)
+        (said,) = [ln for ln in proc.stderr.splitlines() if "decoding products:" in ln]
+        assert ("float32 (amp=none)" in said) if amp == "none" else True
+        assert ("bf16 (amp=bf16)" in said) if amp == "bf16" else True
+        assert ("measured: bf16 products" in said) if amp == "auto" else True
+    # bf16 products barely move a greedy-or-beam search on a trained model: most lines are the same.
+    same = sum(a == b for a, b in zip(outs["none"], outs["bf16"]))
+    assert same >= 0.7 * len(lines), (same, len(lines))
+    # The cached choice makes a second auto run decode exactly as the first.
+    out = tmp_path / "again.txt"
+    proc = run_module("nmt.translate", [f"checkpoint={best}", f"input={src}", f"output={out}"], cache)
+    assert out.read_text().splitlines() == outs["auto"] and "cached" in proc.stderr
+    # int8 has its own products: amp does not apply, and the log says so.
+    proc = run_module("nmt.translate", [f"checkpoint={best}", f"input={src}", "quantize=int8"], cache)
+    assert "decoding products: int8" in proc.stderr
+    bad = run_module("nmt.translate", [f"checkpoint={best}", "amp=fp8"], cache, check=False)
+    assert bad.returncode == 2 and "amp='fp8' is unknown" in bad.stderr
+
+
+def test_load_translator_applies_the_choice_to_every_ensemble_member(trained):
+    run, _, _ = trained
+    best = f"{run}/checkpoints/best.pt"
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(DecodeConfig),
+        {"checkpoint": best, "ensemble": [best], "device": "cpu", "amp": "bf16", "amp_cache": None},
+    )
+    tr = load_translator(cfg)
+    assert [m.decoder.rnn.matmul_dtype for m in tr.model.members] == [torch.bfloat16] * 2
+    assert len(tr.translate(["Hello.", "How are you?"])) == 2
