@@ -5,8 +5,10 @@ text, as a user runs it: one subprocess per command, timed wall-clock from launc
 start-up (imports, loading the checkpoint) counts as it does for a user.
 
 - nmt: ``python -m nmt.translate checkpoint=best.pt input=RAW output=OUT beam_size=5 stop=RULE``;
-  raw text in, detokenised text out. Once more with ``quantize=int8`` (CPU only). RULE is the
-  beam search's stopping rule (``exact`` or ``early``, nmt.search), given to both.
+  raw text in, detokenised text out, with the default ``amp=auto`` (bf16 products where they are
+  measured faster on this CPU). On CPU twice more: ``amp=none`` (float32 products, row ``nmt
+  float32``) and ``quantize=int8`` (row ``nmt int8``). RULE is the beam search's stopping rule
+  (``exact`` or ``early``, nmt.search), given to all.
 - OpenNMT-py and Joey NMT translate sentencepiece pieces, so their timed part is the three commands
   a user of theirs runs for the same job, one after another: ``peers/spm_pieces.py encode`` (nmt's
   own sentencepiece model, in the peer's venv), the translate command (OpenNMT-py
@@ -36,7 +38,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SPM_PIECES = HERE / "peers" / "spm_pieces.py"
-NMT, INT8 = "nmt", "nmt int8"  # the two nmt rows; every other row is a peer
+NMT, INT8, F32 = "nmt", "nmt int8", "nmt float32"  # the nmt rows (NMT: as a user runs it); the rest are peers
+VARIANTS = (INT8, F32)  # nmt rows compared with the NMT row (BLEU change, speed-up)
 
 
 @dataclass
@@ -52,7 +55,7 @@ class Step:
 class DecodeJob:
     """The commands that take raw source lines to detokenised hypotheses for one system, all timed."""
 
-    system: str  # nmt | nmt int8 | onmt | joey
+    system: str  # nmt | nmt int8 | nmt float32 | onmt | joey
     beam: int
     steps: list[Step]
     hypotheses: Path  # the detokenised output, one line per source line
@@ -98,13 +101,16 @@ def nmt_job(
     device: str = "cpu",
     quantize: str = "none",
     stop: str = "exact",
+    amp: str = "auto",
 ) -> DecodeJob:
-    """``python -m nmt.translate`` on raw text (this checkout's nmt, from the repository root)."""
-    system = NMT if quantize == "none" else f"nmt {quantize}"
+    """``python -m nmt.translate`` on raw text (this checkout's nmt, from the repository root); ``amp=none``
+    is the float32 row, ``quantize=int8`` the int8 one."""
+    system = f"nmt {quantize}" if quantize != "none" else (F32 if amp == "none" else NMT)
     hyp = out / f"{system.replace(' ', '_')}.b{beam}.txt"
     cmd = [sys.executable, "-m", "nmt.translate", f"checkpoint={checkpoint}", f"input={src}", f"output={hyp}"]
     cmd += [f"beam_size={beam}", f"stop={stop}", f"device={device}"]
     cmd += [f"quantize={quantize}"] if quantize != "none" else []
+    cmd += [f"amp={amp}"] if amp != "auto" else []
     timed = f"python -m nmt.translate stop={stop} (raw text in, detokenised text out)"
     return DecodeJob(system, beam, [Step(cmd)], hyp, timed, env={"PYTHONPATH": str(REPO)})
 
@@ -231,19 +237,21 @@ def measure(jobs: list[DecodeJob], src: Path, references: list[str], rounds: int
 
 def relate(rows: list[dict]) -> list[dict]:
     """Add the comparisons to the rows: a peer row gets ``nmt_over_peer`` (nmt's words/s over its own)
-    and ``int8_over_peer``; the int8 row gets ``bleu_change`` and ``speedup`` against float nmt."""
+    and ``int8_over_peer``; the int8 and float32 rows get ``bleu_change`` and ``speedup`` against the
+    nmt row (nmt as a user runs it)."""
     by = {r["system"]: r for r in rows}
     base, int8 = by.get(NMT), by.get(INT8)
     for r in rows:
-        if r["system"] in (NMT, INT8):
+        if r["system"] in (NMT, *VARIANTS):
             continue
         if base:
             r["nmt_over_peer"] = base["words_s"] / r["words_s"]
         if int8:
             r["int8_over_peer"] = int8["words_s"] / r["words_s"]
-    if base and int8:
-        int8["bleu_change"] = int8["bleu"] - base["bleu"]
-        int8["speedup"] = int8["words_s"] / base["words_s"]
+    for variant in (by.get(v) for v in VARIANTS):
+        if base and variant:
+            variant["bleu_change"] = variant["bleu"] - base["bleu"]
+            variant["speedup"] = variant["words_s"] / base["words_s"]
     return rows
 
 
@@ -252,9 +260,9 @@ def summary(rows: list[dict], rounds: int) -> str:
     trained = ", ".join(
         f"{r['system']} {r['trained']['trained_s']:.0f} s / {r['trained']['updates']:,} updates"
         for r in rows
-        if r["system"] != INT8
+        if r["system"] not in VARIANTS
     )
-    peers = [r for r in rows if r["system"] not in (NMT, INT8)]
+    peers = [r for r in rows if r["system"] not in (NMT, *VARIANTS)]
     line = (
         f"decoding valid.tsv ({rows[0]['sentences']:,} sentences) with the models trained above (windows: "
         f"{trained}); whole commands, start-up included, median of {rounds} alternating rounds"
@@ -267,14 +275,14 @@ def summary(rows: list[dict], rounds: int) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    """The markdown table of ``relate``d rows (the int8 row's BLEU change and speed-up against float nmt)."""
+    """The markdown table of ``relate``d rows (the int8 and float32 rows' BLEU change and speed-up against nmt)."""
     out = ["| system | beam | BLEU | output words | wall s | words/s | nmt / peer |"]
     out.append("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         bleu, ratio = f"{r['bleu']:.2f}", "–"
         if "bleu_change" in r:
             bleu += f" ({r['bleu_change']:+.2f})"
-            ratio = f"{r['speedup']:.2f}x float"
+            ratio = f"{r['speedup']:.2f}x nmt"
         elif "nmt_over_peer" in r:
             ratio = f"{r['nmt_over_peer']:.2f}x"
             if "int8_over_peer" in r:

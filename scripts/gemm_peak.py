@@ -112,6 +112,24 @@ def measure(
     return peak
 
 
+def best_of(*peaks: Peak) -> Peak:
+    """One peak from several measurements of the same machine: per dtype and per shape the higher rate.
+
+    A ceiling is what the machine can do, so a measurement taken while it ran slower (a virtual
+    machine whose host is busy for a minute: seen here as half the rate at the start of a benchmark
+    and full speed 25 minutes later) must not lower it; ``peaks[0]`` supplies the description."""
+    first = peaks[0]
+    out = Peak({}, {}, first.threads, first.cpu, first.bf16_native, first.cpu_capability)
+    for name in first.gflops:
+        out.gflops[name] = max(p.gflops.get(name, 0.0) for p in peaks)
+        rates = []
+        for i in range(len(first.shapes.get(name, []))):
+            same = [p.shapes[name][i] for p in peaks if len(p.shapes.get(name, [])) > i]
+            rates.append(max(same, key=lambda x: x.gflops or 0.0))
+        out.shapes[name] = rates
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="float32,bf16", help="comma-separated: float32, bf16")

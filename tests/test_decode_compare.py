@@ -34,11 +34,16 @@ def _row(system: str, bleu: float, words: int, wall: float) -> dict:
     return {"system": system, "beam": 5, "bleu": bleu, "words": words, "wall_s": wall, "words_s": words / wall}
 
 
-def test_relate_gives_nmt_over_peer_and_the_int8_change():
+def test_relate_gives_nmt_over_peer_and_the_int8_and_float32_changes():
     rows = decode_compare.relate(
-        [_row("nmt", 20.0, 1000, 10.0), _row("nmt int8", 19.8, 1000, 8.0), _row("onmt", 18.0, 900, 18.0)]
+        [
+            _row("nmt", 20.0, 1000, 10.0),
+            _row("nmt int8", 19.8, 1000, 8.0),
+            _row("nmt float32", 20.1, 1000, 20.0),
+            _row("onmt", 18.0, 900, 18.0),
+        ]
     )
-    nmt, int8, onmt = rows
+    nmt, int8, f32, onmt = rows
     assert onmt["nmt_over_peer"] == pytest.approx(100.0 / 50.0)
     assert onmt["int8_over_peer"] == pytest.approx(125.0 / 50.0)
     assert int8["bleu_change"] == pytest.approx(-0.2)
@@ -48,7 +53,15 @@ def test_relate_gives_nmt_over_peer_and_the_int8_change():
     assert lines[0] == "| system | beam | BLEU | output words | wall s | words/s | nmt / peer |"
     assert len(lines) == 2 + len(rows)
     assert "| onmt | 5 | 18.00 | 900 | 18.0 | 50 | 2.00x (int8 2.50x) |" in lines
-    assert "| nmt int8 | 5 | 19.80 (-0.20) | 1,000 | 8.0 | 125 | 1.25x float |" in lines
+    assert "| nmt int8 | 5 | 19.80 (-0.20) | 1,000 | 8.0 | 125 | 1.25x nmt |" in lines
+    # float32 products (amp=none) beside the default: its BLEU change and speed against the nmt row
+    assert f32["bleu_change"] == pytest.approx(0.1) and f32["speedup"] == pytest.approx(0.5)
+    assert "nmt_over_peer" not in f32 and "| nmt float32 | 5 | 20.10 (+0.10) | 1,000 | 20.0 | 50 | 0.50x nmt |" in lines
+    described = [
+        {**r, "sentences": 3, "trained": {"trained_s": 1, "updates": 2}, "timed": "t", "translate_s": 1.0} for r in rows
+    ]
+    trained = decode_compare.summary(described, 1).split("(windows: ")[1].split(")")[0]
+    assert "nmt float32" not in trained and "nmt int8" not in trained and trained.startswith("nmt 1 s")
 
 
 def test_relate_without_int8_or_without_nmt_leaves_those_comparisons_out():

@@ -20,7 +20,7 @@ from nmt.search import SearchOptions
 from nmt.trainer import EarlyStopping, Schedule, Trainer
 from nmt.training import build_optimizer, build_precision
 from nmt.translator import Translator
-from scripts.gemm_peak import measure
+from scripts.gemm_peak import Peak, ShapeRate, best_of, measure
 from scripts.model_flops import decode_flops, train_flops
 
 CPU = torch.device("cpu")
@@ -112,3 +112,15 @@ def test_gemm_peak_is_positive_for_both_dtypes_and_skips_what_would_take_too_lon
     assert small.gflops and small.gflops == slow.gflops["float32"]
     assert big.gflops is None and big.note.startswith("skipped")
     assert dataclasses.asdict(slow)["shapes"]["float32"][1]["gflops"] is None
+
+
+def test_best_of_two_peak_measurements_keeps_the_higher_rate_per_dtype_and_shape():
+    """benchmark.py measures the peak before and after its timings; a slow minute must not lower the ceiling."""
+    slow = Peak({"float32": 100.0, "bf16": 200.0}, threads=2, cpu="c", bf16_native=True, cpu_capability="AVX512")
+    fast = Peak({"float32": 190.0, "bf16": 150.0}, threads=2, cpu="c", bf16_native=True, cpu_capability="AVX512")
+    slow.shapes = {"float32": [ShapeRate(8, 8, 8, 100.0, 1.0)], "bf16": [ShapeRate(8, 8, 8, 200.0, 1.0)]}
+    fast.shapes = {"float32": [ShapeRate(8, 8, 8, 190.0, 0.5)], "bf16": [ShapeRate(8, 8, 8, None, None, "skipped")]}
+    best = best_of(slow, fast)
+    assert best.gflops == {"float32": 190.0, "bf16": 200.0}
+    assert best.shapes["float32"][0].seconds == 0.5 and best.shapes["bf16"][0].gflops == 200.0
+    assert best.cpu == "c" and best.threads == 2 and slow.gflops["float32"] == 100.0  # inputs untouched
