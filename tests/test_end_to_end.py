@@ -51,6 +51,28 @@ def test_translate_cli_gives_one_line_per_input_line(trained, tmp_path):
     assert len(piped.stdout.split("\n")) == 4 and piped.stdout.split("\n")[1] == ""
 
 
+def test_how_a_file_is_cut_into_batches_never_changes_the_translations(trained, tmp_path, sample_dir):
+    """translate reads a file in batch_size lines (default 1000) and sorts each batch by length into
+    searches; the same lines come out, in order, whatever the cut (and in the same order as given)."""
+    run, cache, _ = trained
+    lines = [ln.split("\t")[0] for ln in (sample_dir / "test.tsv").read_text().splitlines()[:45]]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    outs = []
+    for bs in ("7", "1000"):
+        out = tmp_path / f"out{bs}.txt"
+        args = [
+            f"checkpoint={run}/checkpoints/best.pt",
+            f"input={src}",
+            f"output={out}",
+            "amp=none",
+            f"batch_size={bs}",
+        ]
+        run_module("nmt.translate", args, cache)
+        outs.append(out.read_text(encoding="utf-8").splitlines())
+    assert outs[0] == outs[1] and len(outs[0]) == len(lines)
+
+
 def test_evaluate_cli_reports_scores_with_signatures(trained, tmp_path, sample_dir):
     run, cache, _ = trained
     js = tmp_path / "scores.json"
