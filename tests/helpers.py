@@ -101,3 +101,11 @@ def tokenizer_cfg(cache_dir: Path, **overrides) -> SimpleNamespace:
     )
     base.update(overrides)
     return SimpleNamespace(**base)
+
+
+def source_file(sample_dir: Path, folder: Path, n: int) -> tuple[list[str], Path]:
+    """The first ``n`` source sentences of the sample test.tsv, and a file of them (one per line) in ``folder``."""
+    lines = [ln.split("\t")[0] for ln in (sample_dir / "test.tsv").read_text(encoding="utf-8").splitlines()[:n]]
+    src = folder / "src.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return lines, src

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from test_decoder import CASES, random_batch, tiny_model
 
-from helpers import run_module
+from helpers import run_module, source_file
 from nmt.calibrate import decode_dtype
 from nmt.config import DecodeConfig, TranslateConfig, validate
 from nmt.errors import ConfigError
@@ -92,20 +92,21 @@ def test_search_step_runs_the_projection_in_the_models_product_dtype(order, cell
     assert all(len(h) == 1 and h[0].score <= 0 for h in hyps)
 
 
-def test_amp_key_is_validated_before_any_work():
+@pytest.mark.parametrize(
+    "key,bad,choices,default", [("amp", "fp8", "auto, bf16, none", "auto"), ("quantize", "int4", "none, int8", "none")]
+)
+def test_decoding_choice_keys_are_validated_before_any_work(key, bad, choices, default):
     for schema in (DecodeConfig, TranslateConfig):
-        cfg = OmegaConf.merge(OmegaConf.structured(schema), {"checkpoint": "x.pt", "amp": "fp8"})
-        with pytest.raises(ConfigError, match=r"amp='fp8' is unknown; choose one of auto, bf16, none"):
+        cfg = OmegaConf.merge(OmegaConf.structured(schema), {"checkpoint": "x.pt", key: bad})
+        with pytest.raises(ConfigError, match=rf"{key}='{bad}' is unknown; choose one of {choices}"):
             validate(cfg, "translate")
-    assert OmegaConf.structured(DecodeConfig).amp == "auto"
+    assert OmegaConf.structured(DecodeConfig)[key] == default
 
 
 def test_translate_cli_says_which_products_it_decodes_with(trained, tmp_path, sample_dir):
     run, cache, _ = trained
     best = f"{run}/checkpoints/best.pt"
-    lines = [ln.split("\t")[0] for ln in (sample_dir / "test.tsv").read_text().splitlines()[:20]]
-    src = tmp_path / "src.txt"
-    src.write_text("\n".join(lines) + "\n")
+    lines, src = source_file(sample_dir, tmp_path, 20)
     outs = {}
     for amp in ("none", "bf16", "auto"):
         out = tmp_path / f"{amp}.txt"

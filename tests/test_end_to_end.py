@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from helpers import TINY, run_module
+from helpers import TINY, run_module, source_file
 from nmt import checkpoint
 
 
@@ -55,9 +55,7 @@ def test_how_a_file_is_cut_into_batches_never_changes_the_translations(trained, 
     """translate reads a file in batch_size lines (default 1000) and sorts each batch by length into
     searches; the same lines come out, in order, whatever the cut (and in the same order as given)."""
     run, cache, _ = trained
-    lines = [ln.split("\t")[0] for ln in (sample_dir / "test.tsv").read_text().splitlines()[:45]]
-    src = tmp_path / "in.txt"
-    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines, src = source_file(sample_dir, tmp_path, 45)
     outs = []
     for bs in ("7", "1000"):
         out = tmp_path / f"out{bs}.txt"

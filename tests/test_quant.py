@@ -1,4 +1,5 @@
-"""int8 CPU decoding (nmt.models.quant): close to float32, CPU only, validated, and through the CLI."""
+"""int8 CPU decoding (nmt.models.quant): close to float32, CPU only, and through the CLI (its key is validated in
+test_decode_precision.py with the other decoding choice keys)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import torch
 from omegaconf import OmegaConf
 from test_decoder import random_batch
 
-from helpers import run_module
-from nmt.config import DecodeConfig, TrainConfig, TranslateConfig, validate
+from helpers import run_module, source_file
+from nmt.config import DecodeConfig, TrainConfig
 from nmt.errors import ConfigError
 from nmt.models import quant
 from nmt.models.build import build_model
@@ -77,20 +78,10 @@ def test_int8_is_refused_on_cuda_in_one_line():
     quant.check("int8", torch.device("cpu"))
 
 
-def test_quantize_key_is_validated_before_any_work():
-    for schema in (DecodeConfig, TranslateConfig):
-        cfg = OmegaConf.merge(OmegaConf.structured(schema), {"checkpoint": "x.pt", "quantize": "int4"})
-        with pytest.raises(ConfigError, match=r"quantize='int4' is unknown; choose one of none, int8"):
-            validate(cfg, "translate")
-    assert OmegaConf.structured(DecodeConfig).quantize == "none"
-
-
 def test_translate_cli_with_int8_and_greedy_agreement(trained, tmp_path, sample_dir):
     run, cache, _ = trained
     best = f"{run}/checkpoints/best.pt"
-    lines = [ln.split("\t")[0] for ln in (sample_dir / "test.tsv").read_text().splitlines()[:40]]
-    src = tmp_path / "src.txt"
-    src.write_text("\n".join(lines) + "\n")
+    lines, src = source_file(sample_dir, tmp_path, 40)
     outs = {}
     for mode in ("none", "int8"):
         out = tmp_path / f"{mode}.txt"
