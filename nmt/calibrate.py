@@ -97,17 +97,38 @@ class Measured:
     cache: Path | None  # the cache file read or written
     cached_at: str | None = None  # when the cached measurement was taken; None = measured now
     seconds: float = 0.0  # how long measuring took (0 when read from the cache)
+    forces: str = "trainer.amp"  # the key that forces a choice (the decoding commands': amp)
 
     def reason(self) -> str:
         """Why, for the log: ``measured: bf16 products 0.62x the speed of float32 on CPU …; cached …``."""
-        what = "training steps" if self.basis == "steps" else "the vocabulary projection alone; steps not timed"
+        what = BASES.get(self.basis, self.basis)
         where = f"{self.cpu}, {self.threads} thread{'s' * (self.threads != 1)}"
         text = f"measured: bf16 products {self.ratio:.2f}x the speed of float32 ({what}) on {where}"
         if self.cached_at:
             text += f"; cached {self.cached_at} in {self.cache} (delete it to measure again)"
         else:
             text += f"; took {self.seconds:.1f} s" + (f", saved to {self.cache}" if self.cache else "")
-        return text + "; trainer.amp=bf16 or none forces a choice"
+        return text + f"; {self.forces}=bf16 or none forces a choice"
+
+
+# What a measurement timed, for Measured.reason: training's steps or its probe alone, or decoding's probe.
+BASES = {
+    "steps": "training steps",
+    "probe": "the vocabulary projection alone; steps not timed",
+    "decode": "the vocabulary projection",
+}
+
+
+def warn_if_emulated(key: str) -> None:
+    """Warn that ``KEY=bf16`` forces bf16 products on a CPU without bf16 units (they are emulated there)."""
+    if not cpu_has_native_bf16():
+        log.warning(
+            "%s=bf16: this CPU (%s) has no bf16 matrix units (AMX / AVX512-BF16), so bf16 products are emulated "
+            "and usually slower than float32; %s=auto measures which is faster",
+            key,
+            cpu_name(),
+            key,
+        )
 
 
 class StepTimer:
@@ -225,10 +246,15 @@ def calibrate(model: Seq2Seq, cal: Calibration) -> Measured:
     threads = torch.get_num_threads()
     key = {"cpu": cpu_name(), "torch": torch.__version__, "threads": threads, "model": model_signature(model, cal)}
     entry, path, cached_at = _cached(cal.cache_dir, key, lambda: measure_model(model, cal))
+    return _measured(entry, path, cached_at, "trainer.amp")
+
+
+def _measured(entry: dict, path: Path | None, cached_at: str | None, forces: str) -> Measured:
+    """A cache entry (``_cached``) as the decision it makes: bf16 when at least BF16_MARGIN faster."""
     ratio = entry["float32_s"] / entry["bf16_s"]
     seconds = 0.0 if cached_at else entry["seconds"]
-    basis = entry.get("basis", "steps")
-    return Measured(ratio >= BF16_MARGIN, ratio, key["cpu"], threads, basis, path, cached_at, seconds)
+    key, basis = entry["key"], entry.get("basis", "steps")
+    return Measured(ratio >= BF16_MARGIN, ratio, key["cpu"], key["threads"], basis, path, cached_at, seconds, forces)
 
 
 def _cached(cache_dir: str | None, key: dict, measure_fn: Callable[[], dict]) -> tuple[dict, Path | None, str | None]:
@@ -281,12 +307,8 @@ def decode_dtype(
     if amp == "none":
         return None, "amp=none"
     if amp == "bf16":
-        if device.type == "cpu" and not cpu_has_native_bf16():
-            log.warning(
-                "amp=bf16: this CPU (%s) has no bf16 matrix units (AMX / AVX512-BF16), so bf16 products are "
-                "emulated and usually slower than float32; amp=auto measures which is faster",
-                cpu_name(),
-            )
+        if device.type == "cpu":
+            warn_if_emulated("amp")
         return torch.bfloat16, "amp=bf16"
     if amp != "auto":
         raise ValueError(f"amp={amp!r}: expected auto, bf16 or none")
@@ -299,14 +321,7 @@ def decode_dtype(
     def run() -> dict:
         start = time.monotonic()
         f32, bf16 = measure(probe or ProductTimer(model, Calibration(), rows=DECODE_ROWS))
-        return {"float32_s": f32, "bf16_s": bf16, "basis": "probe", "seconds": time.monotonic() - start}
+        return {"float32_s": f32, "bf16_s": bf16, "basis": "decode", "seconds": time.monotonic() - start}
 
-    entry, path, cached_at = _cached(cache_dir, key, run)
-    ratio = entry["float32_s"] / entry["bf16_s"]
-    where = f"{key['cpu']}, {threads} thread{'s' * (threads != 1)}"
-    why = f"measured: bf16 products {ratio:.2f}x the speed of float32 (the vocabulary projection) on {where}"
-    if cached_at:
-        why += f"; cached {cached_at} in {path}"
-    else:
-        why += f"; took {entry['seconds']:.2f} s" + (f", saved to {path}" if path else "")
-    return (torch.bfloat16 if ratio >= BF16_MARGIN else None), why + "; amp=bf16 or none forces a choice"
+    measured = _measured(*_cached(cache_dir, key, run), "amp")
+    return (torch.bfloat16 if measured.bf16 else None), measured.reason()

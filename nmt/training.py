@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nmt.calibrate import Calibration, calibrate, cpu_has_native_bf16, cpu_name
+from nmt.calibrate import Calibration, calibrate, warn_if_emulated
 from nmt.config import TrainConfig
 from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist
@@ -96,12 +96,8 @@ def _cpu_precision(amp: str, device: torch.device, model: Seq2Seq, cal: Calibrat
         bf16, why = measured.bf16, measured.reason()
     else:
         bf16, why = amp == "bf16", f"trainer.amp={amp}" + (" applies on CUDA only" if amp == "fp16" else "")
-        if bf16 and not cpu_has_native_bf16():
-            log.warning(
-                "trainer.amp=bf16: this CPU (%s) has no bf16 matrix units (AMX / AVX512-BF16), so bf16 products "
-                "are emulated and usually slower than float32; trainer.amp=auto measures which is faster",
-                cpu_name(),
-            )
+        if bf16:
+            warn_if_emulated("trainer.amp")
     model.set_matmul_dtype(torch.bfloat16 if bf16 else None)
     description = f"{'float32, bf16 matrix products' if bf16 else 'float32'} ({why})"
     return Precision(device, None, description, torch.amp.GradScaler("cuda", enabled=False))
