@@ -88,6 +88,27 @@ def _block_repeats(logp: torch.Tensor, hist: torch.Tensor, n: int) -> None:
     logp[rows, windows[rows, cols, -1]] = NEG_INF
 
 
+def best_candidates(
+    scores: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k best continuations of each sentence: scores [n, K] of its open beams, logits [n·K, V] of
+    their next tokens (masked tokens at -inf), lse [n·K, 1] the logsumexp that normalises each row →
+    (score + log p [n, k], flat beam index [n, k], token [n, k]), best first.
+
+    The k best of a sentence's K·V candidates are among the k best of each of its beams (within a beam
+    they rank by token log-probability, the beam's own score being shared), so the top k is taken per
+    beam first and then over the K·k: two small selections, and log p is only formed for the K·k.
+    """
+    n, K = scores.shape
+    V = logits.size(1)
+    per_beam = min(k, V)
+    beam_top, beam_tok = logits.topk(per_beam, dim=1)  # [n·K, per_beam]
+    cand = (scores.reshape(-1, 1) + (beam_top - lse)).view(n, K * per_beam)
+    top, idx = cand.topk(min(k, K * per_beam), dim=1)
+    origin = torch.arange(n, device=scores.device).unsqueeze(1) * K + idx // per_beam
+    return top, origin, beam_tok.view(n, K * per_beam).gather(1, idx)
+
+
 @torch.no_grad()
 def beam_search(
     model: Searchable, src: torch.Tensor, src_len: torch.Tensor, opts: SearchOptions, return_attention: bool = False
@@ -121,27 +142,25 @@ def beam_search(
     kth_finished = torch.full((B,), NEG_INF, device=dev)  # score of each sentence's n_best-th finished one
 
     for t in range(int(max_len.max())):
-        n = active.numel()
         logits, state, w = model.step(y, state)
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [N, V]
-        V = logp.size(1)
+        logits = logits.float()  # [N, V]
+        # log p = logits - logsumexp(logits), normalised over the whole vocabulary before any masking;
+        # only the candidates that can be chosen are normalised (below), not all N x V.
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, 1]
         step_len = t + 1  # tokens including the one chosen now
         beam_sent = active.repeat_interleave(K)  # [N] original sentence of each beam
-        logp[step_len <= min_len[beam_sent], EOS] = NEG_INF
-        _block_repeats(logp, hist, opts.no_repeat_ngram)
+        logits[step_len <= min_len[beam_sent], EOS] = NEG_INF
+        _block_repeats(logits, hist, opts.no_repeat_ngram)
         at_max = step_len >= max_len[beam_sent]
         if bool(at_max.any()):  # beams at their limit may only end
-            forced = logp[at_max, EOS].clone()
-            logp[at_max] = NEG_INF
-            logp[at_max, EOS] = forced
+            forced = logits[at_max, EOS].clone()
+            logits[at_max] = NEG_INF
+            logits[at_max, EOS] = forced
         if need_att:
             coverage = coverage + w.float()
             if return_attention:
                 att_hist.append(w.float())
-        cand = (scores.view(-1, 1) + logp).view(n, K * V)
-        top, idx = cand.topk(min(2 * K, K * V), dim=1)  # [n, 2K]
-        origin = torch.arange(n, device=dev).unsqueeze(1) * K + idx // V  # [n, 2K] flat beam index
-        tok = idx % V
+        top, origin, tok = best_candidates(scores, logits, lse, 2 * K)  # [n, 2K] each
         is_eos = (tok == EOS) & (top > NEG_INF)
         is_eos[:, K:] = False  # only EOS among the K best candidates finish (standard beam search)
 

@@ -12,7 +12,7 @@ from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS
 from nmt.models.seq2seq import Ensemble
 from nmt.runtime import load_model
-from nmt.search import SearchOptions, beam_search, greedy, length_penalty
+from nmt.search import SearchOptions, beam_search, best_candidates, greedy, length_penalty
 
 A, B_, C = 4, 5, 6  # ordinary tokens of the toy model
 V = 7
@@ -199,3 +199,25 @@ def test_stop_key_reaches_the_search_and_is_validated(trained_model):
     assert "stop" not in search_options(OmegaConf.merge(cfg, {"stop": "exact"}))[1]
     unset = OmegaConf.merge(cfg, {"stop": None})  # the default: the checkpoint's choice, else exact
     assert OmegaConf.structured(DecodeConfig).stop is None and search_options(unset)[0].stop == "exact"
+
+
+@pytest.mark.parametrize("K,V_", [(5, 40), (4, 7), (1, 3)])
+def test_best_candidates_equal_the_full_k_by_v_selection(K, V_):
+    """The search's two-stage selection (the 2K best per beam, then the 2K best of those) picks the same
+    continuations with the same scores as ranking all K·V candidates of log_softmax at once, with dead
+    beams (-inf) and masked tokens (-inf) among them."""
+    torch.manual_seed(0)
+    n = 6
+    scores = -torch.rand(n, K) * 5
+    scores[0, 1:] = float("-inf")  # a sentence's first step: one live beam
+    logits = torch.randn(n * K, V_) * 3
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    logits[2, 0] = logits[5, 1] = float("-inf")  # masked after normalising, as the search masks
+    k = min(2 * K, K * V_)
+    full = (scores.view(-1, 1) + (logits - lse)).view(n, K * V_)
+    ref_top, ref_idx = full.topk(k, dim=1)
+    top, origin, tok = best_candidates(scores, logits, lse, 2 * K)
+    torch.testing.assert_close(top, ref_top)
+    live = ref_top > float("-inf")  # among equal -inf candidates any order is right
+    ref_origin = torch.arange(n).unsqueeze(1) * K + ref_idx // V_
+    assert torch.equal(origin[live], ref_origin[live]) and torch.equal(tok[live], (ref_idx % V_)[live])
