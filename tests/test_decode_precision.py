@@ -13,6 +13,7 @@ from helpers import run_module, source_file
 from nmt.calibrate import decode_dtype
 from nmt.config import DecodeConfig, TranslateConfig, validate
 from nmt.errors import ConfigError
+from nmt.models.rnn import CastLinear
 from nmt.runtime import load_translator
 from nmt.search import SearchOptions, beam_search
 
@@ -90,6 +91,29 @@ def test_search_step_runs_the_projection_in_the_models_product_dtype(order, cell
     torch.testing.assert_close(bf16, full, rtol=1e-2, atol=1e-2)
     hyps = beam_search(model, b.src, b.src_len, SearchOptions(beam_size=3))
     assert all(len(h) == 1 and h[0].score <= 0 for h in hyps)
+
+
+@pytest.mark.parametrize("order", ["bahdanau", "luong"])
+def test_search_casts_the_decoders_layers_once_and_training_keeps_the_modules(order, seeded):
+    """With bf16 products, a search's readout/combine and vocabulary products are cast once when the
+    search starts (CastLinear, bf16 weights) and carried through every step and beam reordering; a
+    training pass (gradients on) and float32 decoding use the layers themselves, so neither changes."""
+    model = tiny_model(order, "gru", True, layers=1, rnn_impl="loop")
+    dec, b = model.decoder, random_batch()
+    model.set_matmul_dtype(torch.bfloat16)
+    with torch.no_grad():
+        state = model.start(b.src, b.src_len)
+        made = state.weights
+        assert isinstance(made.read, CastLinear) and isinstance(made.out, CastLinear)
+        assert made.read.w.dtype == made.out.w.dtype == torch.bfloat16
+        assert torch.equal(made.out.w, dec.out.weight.to(torch.bfloat16))
+        _, state, _ = dec.step(b.tgt_in[:, 0], state)
+        assert state.weights is made and state.index_select(torch.tensor([1, 0])).weights is made
+    train_state = model.start(b.src, b.src_len)
+    assert train_state.weights.read is dec.read_layer() and train_state.weights.out == dec.logits
+    model.set_matmul_dtype(None)
+    with torch.no_grad():
+        assert model.start(b.src, b.src_len).weights.read is dec.read_layer()
 
 
 @pytest.mark.parametrize(

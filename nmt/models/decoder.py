@@ -15,6 +15,7 @@ and ``forward`` share the same cell code, and a test holds them to the same logi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,16 +25,29 @@ from nmt.data.tokenizer import PAD
 from nmt.errors import ConfigError
 from nmt.models.attention import Attention, AttentionState
 from nmt.models.encoder import EncoderOutput, check_cell
-from nmt.models.rnn import RNN, RNNState, StepWeights
+from nmt.models.rnn import RNN, CastLinear, RNNState, StepWeights
+
+
+@dataclass
+class PassProducts:
+    """A pass's products, made once in ``init_state``: the RNN's (opaque, from RNN.step_weights) and the
+    decoder's own layers: ``read`` (readout in Bahdanau order, combine in Luong order) and ``out`` (the
+    vocabulary projection, → logits). In training these are the modules themselves (``out`` through
+    ``Decoder.logits``); in a search with bf16 products set (Seq2Seq.set_matmul_dtype) they are
+    ``CastLinear``s, so their weights are cast once per search instead of at every step, and the readout /
+    combine product runs in bf16 too. Batch-independent: a search reuses them at every step and every
+    beam reordering."""
+
+    rnn: StepWeights
+    read: Callable[[torch.Tensor], torch.Tensor]
+    out: Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
 class DecoderState:
     hidden: RNNState  # [L, B, H] (GRU) or a pair of them (LSTM)
     attn: AttentionState
-    # The pass's RNN products (opaque, from RNN.step_weights), made once in init_state: batch-independent,
-    # so a search reuses them at every step and every beam reordering.
-    weights: StepWeights
+    weights: PassProducts  # made once per pass in init_state
     feed: torch.Tensor | None = None  # [B, O] last attentional vector (Luong input feeding)
 
     def index_select(self, idx: torch.Tensor) -> DecoderState:
@@ -91,8 +105,9 @@ class Decoder(nn.Module):
             self.out.weight = self.embed.weight
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """[.., O] → [.., V]: once over all steps of a teacher-forced pass ([B, T, O]), or one search
-        step ([B, O]).
+        """[.., O] → [.., V]: once over all steps of a teacher-forced pass ([B, T, O]), or one step ([B, O])
+        of a pass that records gradients (scheduled sampling) or runs in float32; a search with bf16
+        products uses PassProducts.out instead, the same product with the weight cast once per search.
 
         In the RNN's product dtype (bf16 on CPUs with matrix units, see Seq2Seq.set_matmul_dtype; the
         logits then come out in bf16): with the step loop's GEMMs, the vocabulary projection is most
@@ -104,10 +119,29 @@ class Decoder(nn.Module):
         with torch.autocast(x.device.type, dtype=dtype):
             return self.out(x)
 
+    def read_layer(self) -> nn.Module:
+        """The layer between the RNN/attention and the output projection (readout or combine)."""
+        raise NotImplementedError
+
+    def pass_products(self) -> PassProducts:
+        """This pass's products (PassProducts): cast once to the RNN's product dtype when no gradient is
+        being recorded (search, validation) and that dtype is set; the modules themselves otherwise
+        (training, float32, or int8 layers put in by nmt.models.quant)."""
+        rnn, read, dtype = self.rnn.step_weights(split=self.emb_size), self.read_layer(), self.rnn.matmul_dtype
+        if dtype is None or torch.is_grad_enabled():
+            return PassProducts(rnn, read, self.logits)
+
+        def cast(layer: nn.Module, out_dtype: torch.dtype | None) -> Callable[[torch.Tensor], torch.Tensor]:
+            return CastLinear(layer.weight, layer.bias, dtype, out_dtype) if type(layer) is nn.Linear else layer
+
+        # Readout / combine come back in float32 (state and gate maths stay float32); logits in the
+        # product dtype, as Decoder.logits gives them.
+        return PassProducts(rnn, cast(read, torch.float32), cast(self.out, None))
+
     # ---- interface ----
     def init_state(self, enc: EncoderOutput) -> DecoderState:
-        weights = self.rnn.step_weights(split=self.emb_size)  # embedding | context / fed vector
-        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask), weights)
+        # The RNN's layer-0 input is split embedding | context (Bahdanau) or fed vector (Luong).
+        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask), self.pass_products())
 
     def step(self, y_prev: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
         """y_prev [B] → (logits [B, V], new state, attention weights [B, S])."""
@@ -175,18 +209,22 @@ class BahdanauDecoder(Decoder):
         )
         self.readout = nn.Linear(hidden_size + key_size + emb_size, out_size)
 
-    def _readout(self, h: torch.Tensor, ctx: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        return self.dropout(torch.tanh(self.readout(torch.cat([h, ctx, emb], dim=-1))))
+    def read_layer(self) -> nn.Module:
+        return self.readout
+
+    def _readout(self, h: torch.Tensor, ctx: torch.Tensor, emb: torch.Tensor, read=None) -> torch.Tensor:
+        return self.dropout(torch.tanh((read or self.readout)(torch.cat([h, ctx, emb], dim=-1))))
 
     def _core(self, gx_emb: torch.Tensor, state: DecoderState):
         ctx, w = self.attention(top(state.hidden), state.attn)  # [B, K], [B, S]
-        hidden = self.rnn.step(state.weights, gx_emb, state.hidden, ctx)
+        hidden = self.rnn.step(state.weights.rnn, gx_emb, state.hidden, ctx)
         return ctx, w, DecoderState(hidden, self.attention.advance(state.attn, w), state.weights)
 
     def step(self, y_prev, state):
         emb = self.emb_dropout(self.embed(y_prev))  # [B, E]
-        ctx, w, state = self._core(self.rnn.first_gates(state.weights, emb), state)
-        return self.logits(self._readout(top(state.hidden), ctx, emb)), state, w
+        ctx, w, state = self._core(self.rnn.first_gates(state.weights.rnn, emb), state)
+        products = state.weights
+        return products.out(self._readout(top(state.hidden), ctx, emb, products.read)), state, w
 
     def _teacher_forced(self, tgt_in, enc):
         emb = self.emb_dropout(self.embed(tgt_in))  # [B, T, E]
@@ -194,7 +232,7 @@ class BahdanauDecoder(Decoder):
         # gx[:, t] instead would make backward zero-fill and add a full [B, T, G*H] gradient per step.
         state = self.init_state(enc)
         hs, ctxs, ws = [], [], []
-        for gx_t in self.rnn.first_gates(state.weights, emb).unbind(1):  # [B, G*H] each
+        for gx_t in self.rnn.first_gates(state.weights.rnn, emb).unbind(1):  # [B, G*H] each
             ctx, w, state = self._core(gx_t, state)
             ctxs.append(ctx)
             ws.append(w)
@@ -241,9 +279,12 @@ class LuongDecoder(Decoder):
         self.input_feeding = input_feeding
         self.combine = nn.Linear(key_size + hidden_size, out_size, bias=False)
 
-    def _attend(self, h: torch.Tensor, attn: AttentionState):
+    def read_layer(self) -> nn.Module:
+        return self.combine
+
+    def _attend(self, h: torch.Tensor, attn: AttentionState, combine=None):
         ctx, w = self.attention(h, attn)  # [B, (T,) K]
-        return self.dropout(torch.tanh(self.combine(torch.cat([ctx, h], dim=-1)))), w
+        return self.dropout(torch.tanh((combine or self.combine)(torch.cat([ctx, h], dim=-1)))), w
 
     def init_state(self, enc):
         state = super().init_state(enc)
@@ -252,15 +293,15 @@ class LuongDecoder(Decoder):
         return state
 
     def _core(self, gx_emb: torch.Tensor, state: DecoderState):
-        hidden = self.rnn.step(state.weights, gx_emb, state.hidden, state.feed)
-        att, w = self._attend(top(hidden), state.attn)
+        hidden = self.rnn.step(state.weights.rnn, gx_emb, state.hidden, state.feed)
+        att, w = self._attend(top(hidden), state.attn, state.weights.read)
         attn = self.attention.advance(state.attn, w)
         return att, w, DecoderState(hidden, attn, state.weights, att if self.input_feeding else None)
 
     def step(self, y_prev, state):
         emb = self.emb_dropout(self.embed(y_prev))  # [B, E]
-        att, w, state = self._core(self.rnn.first_gates(state.weights, emb), state)
-        return self.logits(att), state, w
+        att, w, state = self._core(self.rnn.first_gates(state.weights.rnn, emb), state)
+        return state.weights.out(att), state, w
 
     def _teacher_forced(self, tgt_in, enc):
         emb = self.emb_dropout(self.embed(tgt_in))  # [B, T, E]
@@ -272,7 +313,8 @@ class LuongDecoder(Decoder):
             return self.logits(att), ws
         state = self.init_state(enc)
         atts, ws = [], []
-        for gx_t in self.rnn.first_gates(state.weights, emb).unbind(1):  # hoisted embedding gates, one view per step
+        # The embedding gates hoisted over all steps, one view per step.
+        for gx_t in self.rnn.first_gates(state.weights.rnn, emb).unbind(1):
             att, w, state = self._core(gx_t, state)
             atts.append(att)
             ws.append(w)

@@ -28,6 +28,8 @@ autograd runs after all of them (every step depends on it) computes the weight g
 It can also run the products in a lower precision (bf16 on CPUs with matrix units): the
 weight is cast once per pass instead of once per step, and inputs/outputs are cast at the
 product only, so the recurrent state and the element-wise gate maths stay in float32.
+``CastLinear`` is the decoder's own layers (readout / combine, vocabulary projection) in a search:
+their weights cast once per search, where autocast would cast them at every step.
 
 Layer-normalised cells (``layer_norm=True``; Ba, Kiros & Hinton 2016, "Layer Normalization", §3.1
 and their LN-LSTM): the input and the recurrent pre-activations are normalised separately over
@@ -152,6 +154,29 @@ class StepLinear:
         else:
             y = F.linear(x.to(self.w.dtype), self.w).to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+
+class CastLinear:
+    """x [.., I] → x Wᵀ + b [.., O] for passes without autograd (search, validation): W and b cast to
+    ``dtype`` once, when the pass starts, instead of at every call as autocast does (for an 8,000-way
+    vocabulary projection that cast is ~7% of a bf16 search step). The product comes out in ``dtype``,
+    or in ``out_dtype`` when given.
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        out_dtype: torch.dtype | None = None,
+    ):
+        self.w = weight.detach().to(dtype)
+        self.b = None if bias is None else bias.detach().to(dtype)
+        self.out_dtype = out_dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x.to(self.w.dtype), self.w, self.b)
+        return y if self.out_dtype is None else y.to(self.out_dtype)
 
 
 class EagerLinear:
