@@ -8,6 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from helpers import REPO, TINY
+from nmt.config import validate
 from nmt.train import run
 
 VARIANTS = [
@@ -48,15 +49,18 @@ def test_variant_trains_and_validates(overrides, tmp_path, sample_dir, cache_env
 
 
 def test_experiment_presets_compose():
-    for exp in ("cpu_small", "model_r", "bahdanau2015", "luong2015", "attention_zoo"):
+    for exp in ("cpu_small", "cpu_best", "model_r", "bahdanau2015", "luong2015", "attention_zoo"):
         cfg = compose_cfg([f"experiment={exp}"])
         assert cfg.name == exp
+        validate(cfg, "train")  # every preset passes the full check that nmt.train runs first
     cfg = compose_cfg(["experiment=luong2015"])
     assert cfg.encoder.cell == "lstm" and cfg.decoder.input_feeding and cfg.decoder.order == "luong"
     cfg = compose_cfg(["experiment=bahdanau2015"])
     assert cfg.decoder.order == "bahdanau" and cfg.attention.name == "bahdanau" and cfg.encoder.cell == "gru"
     cfg = compose_cfg(["experiment=cpu_small"])
     assert cfg.decoder.order == "luong" and cfg.attention.name == "general" and not cfg.decoder.input_feeding
+    cfg = compose_cfg(["experiment=cpu_best"])  # the long preset: at most 2 hours, averaged at the end
+    assert 0 < cfg.trainer.max_minutes <= 120 and 0 < cfg.trainer.average_last <= cfg.trainer.keep_last
 
 
 def test_wall_clock_budget_stops_training_on_time(tmp_path, sample_dir, cache_env):
