@@ -7,9 +7,7 @@ and ``nmt.train`` picks its device here too.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,33 +38,6 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={name}: CUDA is not available on this machine; use device=cpu or auto")
     return dev
-
-
-# glibc mallopt parameters (malloc.h): allocations above the mmap threshold get their own mapping, returned to
-# the kernel when freed; free memory above the trim threshold at the top of the heap is given back too.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
-_KEEP_FREED = 512 << 20
-
-
-def reuse_freed_memory() -> bool:
-    """Make glibc's malloc keep freed memory for the next allocation (True where it took effect).
-
-    A search step allocates tensors of a few MB (logits [N, V], attention energies [N, S, D]) and frees
-    them by the next step. By default glibc serves each from a fresh mapping (or trims the heap after it),
-    so every step pays page faults and the kernel's zeroing for all of it again: decoding valid.tsv took
-    about twice the minor page faults of this setting. With allocations up to 32 MB on the heap and up to
-    512 MB of free memory kept, steps reuse the same pages. Linux with glibc only (elsewhere nothing
-    changes); it is a process-wide allocator setting, so only the decoding commands make it.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) and mallopt(_M_TRIM_THRESHOLD, _KEEP_FREED))
 
 
 def load_model(path: str, device: torch.device) -> tuple[Seq2Seq, Tokenizer]:
@@ -139,8 +110,6 @@ def load_translator(cfg: Any) -> Translator:
     quant.check(mode, device)  # before anything is loaded
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if device.type == "cpu":
-        reuse_freed_memory()
     ckpt = checkpoint.load(cfg.checkpoint, map_location=device)
     search, used = search_options(cfg, ckpt.get("decoding"))
     model, tok = model_from_checkpoint(ckpt, device)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
-import resource
-import sys
 
 import pytest
 import torch
@@ -17,7 +14,7 @@ from nmt.calibrate import decode_dtype
 from nmt.config import DecodeConfig, TranslateConfig, validate
 from nmt.errors import ConfigError
 from nmt.models.rnn import CastLinear
-from nmt.runtime import load_translator, reuse_freed_memory
+from nmt.runtime import load_translator
 from nmt.search import SearchOptions, beam_search
 
 CPU = torch.device("cpu")
@@ -168,22 +165,3 @@ def test_load_translator_applies_the_choice_to_every_ensemble_member(trained):
     tr = load_translator(cfg)
     assert [m.decoder.rnn.matmul_dtype for m in tr.model.members] == [torch.bfloat16] * 2
     assert len(tr.translate(["Hello.", "How are you?"])) == 2
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only (CI runs Linux)")
-def test_decoding_reuses_freed_memory_instead_of_faulting_it_in_again():
-    """After reuse_freed_memory (which load_translator calls on CPU), tensors of a search step's size
-    allocated and freed over and over come back from the heap: the pages fault in once, not every time."""
-    assert reuse_freed_memory()
-    sizes = [(700, 8000), (650, 8000), (440, 1, 12, 512), (700, 8000)]  # logits, attention energies (float32)
-    pages = max(math.prod(s) * 4 // 4096 for s in sizes)
-
-    def faults(rounds):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for _ in range(rounds):
-            for s in sizes:
-                torch.ones(s)
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-    faults(2)  # the heap grows to its working size once
-    assert faults(10) < pages  # 40 allocations of up to `pages` pages each: reused, not faulted in again
