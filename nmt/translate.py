@@ -147,7 +147,7 @@ def main(cfg: DictConfig) -> None:
         odd: list[int] = []
         n = translate_stream(tr, read_lines(src, odd), sink, cfg.batch_size, interactive=cfg.input is None)
         report_odd_lines(odd, cfg.input or "stdin")
-    log.info("translated %d lines%s", n, f" into {cfg.output}" if cfg.output else "")
+    log.info("translated %d line%s%s", n, "" if n == 1 else "s", f" into {cfg.output}" if cfg.output else "")
 
 
 if __name__ == "__main__":
