@@ -130,9 +130,11 @@ class TrainerConfig:
     lr: float = 1e-3  # peak learning rate
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
-    # constant | warmup_decay (linear warmup, then inverse square root) | plateau (halve on no BLEU gain)
+    # constant | warmup_decay (linear warmup, then inverse square root) | plateau (halve on no BLEU gain) |
+    # budget (the peak rate, then a linear decay to min_lr over the last decay_fraction of max_minutes/max_steps)
     scheduler: str = "plateau"
     warmup_steps: int = 0
+    decay_fraction: float = 0.3  # scheduler=budget: the share of the budget over which the rate decays
     plateau_factor: float = 0.5
     plateau_patience: int = 2
     min_lr: float = 1e-5
@@ -313,7 +315,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "decoder.cell": ("gru", "lstm"),
     "decoder.order": ("bahdanau", "luong"),
     "trainer.optimizer": ("adam", "adamw"),
-    "trainer.scheduler": ("constant", "warmup_decay", "plateau"),
+    "trainer.scheduler": ("constant", "warmup_decay", "plateau", "budget"),
     "trainer.amp": ("auto", "bf16", "fp16", "none"),
     "model.rnn_impl": ("auto", "eager", "loop", "cudnn"),  # nmt.models.rnn.IMPLS
     "wandb.mode": ("auto", "online", "offline", "disabled"),
@@ -375,6 +377,7 @@ def _train_problems(cfg: Any) -> list[str]:
     if cfg.trainer.accum_steps < 1:
         problems.append(f"trainer.accum_steps={cfg.trainer.accum_steps}: expected an integer >= 1")
     problems += _finishing_problems(cfg.trainer)
+    problems += _schedule_problems(cfg.trainer)
     if cfg.data.num_workers not in (0, 1):
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
     if cfg.data.source == "hub" and not cfg.data.hub_path:
@@ -402,6 +405,21 @@ def _train_problems(cfg: Any) -> list[str]:
     if a.name == "multihead" and (a.heads < 1 or (a.dim or dec.hidden_size) % a.heads):
         width = a.dim or dec.hidden_size
         problems.append(f"attention.heads={a.heads} must divide the scoring width attention.dim={width}")
+    return problems
+
+
+def _schedule_problems(t: Any) -> list[str]:
+    """trainer.scheduler=budget decays over the run's budget, so it needs one."""
+    if t.scheduler != "budget":
+        return []
+    problems = []
+    if not t.max_minutes and not t.max_steps:
+        problems.append(
+            "trainer.scheduler=budget decays the learning rate towards the end of the run's budget: "
+            "set trainer.max_minutes or trainer.max_steps"
+        )
+    if not 0.0 < t.decay_fraction <= 1.0:
+        problems.append(f"trainer.decay_fraction={t.decay_fraction}: expected a share of the budget in (0, 1]")
     return problems
 
 

@@ -34,6 +34,7 @@ from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq, nll_loss
 from nmt.plots import heatmap
 from nmt.rundir import RunDir, step_name
+from nmt.schedules import BudgetDecay, budget_done
 from nmt.search import SearchOptions
 from nmt.translator import Translator
 
@@ -439,7 +440,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         if not ok:
             return None
-        if not isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        if not isinstance(self.sched, (torch.optim.lr_scheduler.ReduceLROnPlateau, BudgetDecay)):
             self.sched.step()
         return total
 
@@ -487,6 +488,8 @@ class Trainer:
                 if s.max_epochs and epoch >= s.max_epochs:  # these batches open an epoch past the limit
                     p.epoch = int(epoch)
                     continue
+                if isinstance(self.sched, BudgetDecay):  # the rate follows the share of the budget used
+                    self.sched.update(p.step, budget_done(s.max_steps, s.max_minutes, p.step, p.elapsed_s))
                 loss = self.train_step([b.to(self.device) for b in micro])
                 self._count(p, loss)
                 for w in (since_log, since_valid):

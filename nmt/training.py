@@ -25,6 +25,7 @@ from nmt.finishing import DecodingGrid, Finisher
 from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq
 from nmt.rundir import RunDir, discover_runs
+from nmt.schedules import BudgetDecay
 from nmt.search import SearchOptions
 from nmt.trainer import CheckpointSaver, EarlyStopping, Precision, Schedule, Trainer, Validator
 from nmt.translator import Translator
@@ -46,7 +47,10 @@ def build_optimizer(model: torch.nn.Module, t: Any) -> torch.optim.Optimizer:
 
 
 def build_scheduler(opt: torch.optim.Optimizer, t: Any):
-    """Per-step LambdaLR for constant/warmup_decay; ReduceLROnPlateau on valid BLEU for plateau."""
+    """Per-step LambdaLR for constant/warmup_decay; ReduceLROnPlateau on valid BLEU for plateau;
+    BudgetDecay (stepped by the share of the budget used) for budget."""
+    if t.scheduler == "budget":
+        return BudgetDecay(opt, t.lr, t.decay_fraction, t.min_lr, t.warmup_steps)
     if t.scheduler == "plateau":
         return torch.optim.lr_scheduler.ReduceLROnPlateau(
             opt, mode="max", factor=t.plateau_factor, patience=t.plateau_patience, min_lr=t.min_lr
@@ -56,7 +60,7 @@ def build_scheduler(opt: torch.optim.Optimizer, t: Any):
     if t.scheduler == "warmup_decay":
         w = max(1, t.warmup_steps)
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / w, math.sqrt(w / (s + 1))))
-    raise ConfigError(f"trainer.scheduler={t.scheduler!r} is unknown; choose constant, warmup_decay or plateau")
+    raise ConfigError(f"trainer.scheduler={t.scheduler!r} is unknown; choose constant, warmup_decay, plateau or budget")
 
 
 def build_precision(
@@ -146,10 +150,14 @@ def build_trainer(
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
+    scheduler = build_scheduler(opt, t)
+    if isinstance(scheduler, BudgetDecay):
+        limits = [f"trainer.{k}={getattr(t, k):g}" for k in ("max_minutes", "max_steps") if getattr(t, k)]
+        log.info("%s", scheduler.describe(" or ".join(limits) + (", whichever is nearer" if len(limits) > 1 else "")))
     return Trainer(
         model,
         opt,
-        build_scheduler(opt, t),
+        scheduler,
         precision,
         validator,
         EarlyStopping(t.patience),

@@ -36,7 +36,7 @@ def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     [
         ("trainer.amp=fp8", ["none", "bf16", "fp16"]),
         ("trainer.optimizer=sgd", ["adam", "adamw"]),
-        ("trainer.scheduler=cosine", ["constant", "warmup_decay", "plateau"]),
+        ("trainer.scheduler=cosine", ["constant", "warmup_decay", "plateau", "budget"]),
         ("encoder.cell=rnn", ["gru", "lstm"]),
         ("tokenizer.model_type=word", ["unigram", "bpe"]),
     ],

@@ -14,6 +14,7 @@ from helpers import TINY, run_module
         ("trainer.max_step=5", ["max_step"]),
         ("encoder.cell=rnn", ["encoder.cell='rnn'", "gru", "lstm"]),
         ("attention=dot", ["attention=dot needs decoder.hidden_size (64) == 2 * encoder.hidden_size (48)"]),
+        ("trainer.scheduler=budget", ["trainer.scheduler=budget", "set trainer.max_minutes or trainer.max_steps"]),
     ],
 )
 def test_config_mistakes_fail_clearly(tmp_path, sample_dir, override, expect):

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -23,6 +26,7 @@ from nmt.config import TrainConfig
 from nmt.data.batching import collate
 from nmt.distributed import Dist
 from nmt.models.build import build_model
+from nmt.schedules import BudgetDecay
 from nmt.trainer import EarlyStopping, Schedule, Trainer
 from nmt.training import build_optimizer, build_precision
 
@@ -56,7 +60,8 @@ def validator(model) -> dict:
     return {"loss": 1.0, "ppl": 2.7, "bleu": 1.0, "chrf": 1.0}
 
 
-def make_trainer(schedule: Schedule) -> tuple[Trainer, Saves]:
+def make_trainer(schedule: Schedule, scheduler: Callable | None = None) -> tuple[Trainer, Saves]:
+    """``scheduler(opt)`` builds the learning-rate schedule (default: a constant rate)."""
     torch.manual_seed(0)
     cfg = OmegaConf.structured(TrainConfig)
     cfg.encoder.update(emb_size=8, hidden_size=6, layers=1, dropout=0.0)
@@ -65,7 +70,7 @@ def make_trainer(schedule: Schedule) -> tuple[Trainer, Saves]:
     cfg.model.rnn_impl = "eager"
     model = build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V, rnn_impl="eager", device="cpu")
     opt = build_optimizer(model, cfg.trainer)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    sched = scheduler(opt) if scheduler else torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     precision = build_precision("none", torch.device("cpu"), model)
     saves = Saves()
     trainer = Trainer(
@@ -114,3 +119,52 @@ def test_progress_lines_count_steps_from_the_last_line():
     trainer._log_progress = lambda p, window, bar: logged.append(p.step) or log_progress(p, window, bar)
     trainer.fit(batches())
     assert logged == [2, 5, 8]
+
+
+def record_rates(trainer: Trainer) -> list[float]:
+    """The learning rate of every update the trainer makes from now on."""
+    rates: list[float] = []
+    trainer.opt.register_step_pre_hook(lambda opt, args, kwargs: rates.append(opt.param_groups[0]["lr"]))
+    return rates
+
+
+def test_budget_schedule_follows_the_agreed_clock():
+    """trainer.scheduler=budget decays by the elapsed time all ranks agree on: with a peer gaining 100 s
+    per step on a 10-minute budget, update k (from 1) runs at k/6 of it, whatever this process's clock says."""
+    budget = lambda opt: BudgetDecay(opt, 1e-3, decay_fraction=0.5, final_lr=0.0)  # noqa: E731
+    trainer, _ = make_trainer(Schedule(max_minutes=10.0, checkpoint_minutes=0, valid_every=1000), budget)
+    rates = record_rates(trainer)
+    trainer.fit(batches())
+    # done = 1/6 .. 6/6: the peak until half of the budget, then linear to 0 at its end
+    assert rates == pytest.approx([1e-3, 1e-3, 1e-3, 2e-3 / 3, 1e-3 / 3, 0.0], rel=1e-3, abs=1e-8)
+
+
+def test_budget_schedule_continues_exactly_after_a_resume(tmp_path):
+    """Interrupted after 3 of 8 updates and resumed from the saved state, the run makes the same
+    updates at the same rates as the run that was never interrupted (the rate is a function of the
+    checkpoint's progress, not of a counter that a restart would reset)."""
+    budget = lambda opt: BudgetDecay(opt, 1e-3, decay_fraction=0.75, final_lr=1e-4, warmup_steps=2)  # noqa: E731
+    plan = Schedule(max_steps=8, checkpoint_minutes=0, valid_every=1000)
+    whole, _ = make_trainer(plan, budget)
+    expected = record_rates(whole)
+    whole.fit(batches())
+
+    first, _ = make_trainer(plan, budget)
+    got = record_rates(first)
+
+    def interrupted():
+        for i, b in enumerate(batches()):
+            if i == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # what Ctrl-C or a scheduler's TERM does
+            yield b
+
+    assert first.fit(interrupted()).signum == signal.SIGTERM
+    state = first.state()
+    second, _ = make_trainer(plan, budget)
+    second.load_state(tmp_path / "last.pt", state)
+    rest = record_rates(second)
+    second.fit(itertools.islice(batches(), 3, None))
+    assert len(expected) == 8 and got + rest == pytest.approx(expected, rel=1e-12)
+    assert expected[0] == pytest.approx(5e-4) and expected[-1] < expected[2]  # the warmup and the decay
+    for k, w in whole.model.state_dict().items():
+        torch.testing.assert_close(second.model.state_dict()[k], w, msg=k)

@@ -1,0 +1,43 @@
+"""trainer.scheduler=budget: the learning rate's shape over the run's budget (the loop's use of it,
+on the agreed clock and across a resume, is in tests/test_trainer_sync.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.schedules import BudgetDecay, budget_done
+
+
+def opt() -> torch.optim.Optimizer:
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.5)
+
+
+def test_peak_until_the_decay_then_linear_to_the_final_rate():
+    s = BudgetDecay(opt(), 2e-3, decay_fraction=0.4, final_lr=2e-4)
+    assert [s.rate(100, d) for d in (0.0, 0.3, 0.6)] == [2e-3, 2e-3, 2e-3]
+    assert s.rate(100, 0.8) == pytest.approx(2e-3 - 0.5 * 1.8e-3)  # half way through the decay
+    assert s.rate(100, 1.0) == pytest.approx(2e-4)
+    assert s.rate(100, 1.5) == pytest.approx(2e-4)  # past the budget (a resumed run with a shorter one)
+    assert s.update(100, 0.8) == s.opt.param_groups[0]["lr"] == pytest.approx(1.1e-3)
+
+
+def test_warmup_scales_the_whole_curve():
+    s = BudgetDecay(opt(), 1e-3, decay_fraction=1.0, final_lr=0.0, warmup_steps=4)
+    assert [s.rate(k, 0.0) for k in range(5)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert s.rate(1, 0.5) == pytest.approx(0.5 * 0.5e-3)
+
+
+def test_budget_done_is_the_limit_nearer_its_end():
+    assert budget_done(100, 0.0, 25, 9999.0) == 0.25
+    assert budget_done(0, 10.0, 9999, 150.0) == 0.25
+    assert budget_done(100, 10.0, 25, 300.0) == 0.5  # the clock is nearer its end
+    assert budget_done(100, 10.0, 90, 300.0) == 0.9  # the steps are
+    assert budget_done(100, 10.0, 150, 900.0) == 1.0
+    assert budget_done(0, 0.0, 5, 5.0) == 0.0
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5])
+def test_decay_fraction_is_a_share(bad):
+    with pytest.raises(ValueError, match="decay_fraction"):
+        BudgetDecay(opt(), 1e-3, decay_fraction=bad)
