@@ -32,7 +32,9 @@ from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.models.seq2seq import Ensemble, Seq2Seq
 
 NEG_INF = float("-inf")
-Searchable = Seq2Seq | Ensemble  # anything with start(src, src_len) and step(y, state)
+# anything with start(src, src_len) and step(y, state), whose state has index_select(idx) (any rows) and
+# reorder_beams(idx) (back-pointers within each sentence's beams)
+Searchable = Seq2Seq | Ensemble
 
 
 @dataclass
@@ -196,8 +198,9 @@ def beam_search(
             coverage = coverage.index_select(0, beams)
             if return_attention:
                 att_hist = [a.index_select(0, beams) for a in att_hist]
-        state = state.index_select(beams)
-        src_mask = src_mask.index_select(0, beams)
+        # Back-pointers stay within a sentence (origin = its row * K + beam), whose beams share the
+        # encoder side: only each hypothesis' own state moves, and src_mask (per sentence) stays.
+        state = state.reorder_beams(beams)
 
         # Done: n_best finished hypotheses, and no open beam can overtake the n_best-th of them
         # (-inf >= -inf also ends a sentence that has no open beam left).

@@ -22,6 +22,8 @@ class ToyState:
     def index_select(self, idx):
         return self
 
+    reorder_beams = index_select
+
 
 class Toy:
     """A 'model' whose next-token distribution depends only on the previous token."""
@@ -221,3 +223,51 @@ def test_best_candidates_equal_the_full_k_by_v_selection(K, V_):
     live = ref_top > float("-inf")  # among equal -inf candidates any order is right
     ref_origin = torch.arange(n).unsqueeze(1) * K + ref_idx // V_
     assert torch.equal(origin[live], ref_origin[live]) and torch.equal(tok[live], (ref_idx % V_)[live])
+
+
+def tiny_model(attention: str, cell: str, order: str, feeding: bool):
+    from omegaconf import OmegaConf
+
+    from nmt.config import TrainConfig
+    from nmt.models.build import build_model
+
+    torch.manual_seed(0)
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.encoder.update(cell=cell, emb_size=8, hidden_size=6, layers=2, dropout=0.0)
+    cfg.decoder.update(order=order, emb_size=8, hidden_size=12, layers=2, dropout=0.0, input_feeding=feeding)
+    cfg.attention.name = attention
+    return build_model(cfg.encoder, cfg.attention, cfg.decoder, 20, V, rnn_impl="eager", device="cpu").eval()
+
+
+@pytest.mark.parametrize(
+    "attention,cell,order,feeding",
+    [
+        ("bahdanau", "gru", "bahdanau", True),
+        ("general", "lstm", "luong", True),
+        ("coverage", "gru", "bahdanau", True),
+        ("multihead", "lstm", "luong", False),
+    ],
+)
+def test_beam_reordering_moves_the_hypotheses_and_keeps_the_encoder_side(attention, cell, order, feeding):
+    """Back-pointers within each sentence's K beams (what beam search makes): ``reorder_beams`` gives the
+    state that ``index_select`` gives, without copying the per-sentence keys, projections and mask."""
+    model, K = tiny_model(attention, cell, order, feeding), 3
+    b = collate([[A, B_, C, A], [C, B_], [A, A, A]], [[A]] * 3)
+    with torch.no_grad():
+        state = model.start(b.src, b.src_len).index_select(torch.arange(3).repeat_interleave(K))
+        _, state, _ = model.step(torch.randint(4, V, (3 * K,)), state)  # hidden, feed, coverage now differ per beam
+        within = torch.randint(K, (3, K), generator=torch.Generator().manual_seed(1))  # beam of the same sentence
+        idx = (torch.arange(3).unsqueeze(1) * K + within).view(-1)
+        fast, full = state.reorder_beams(idx), state.index_select(idx)
+    hidden = lambda s: s.hidden if isinstance(s.hidden, tuple) else (s.hidden,)  # noqa: E731
+    for got, want in zip(hidden(fast), hidden(full)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for name in ("keys", "proj", "mask", "coverage"):
+        got, want = getattr(fast.attn, name), getattr(full.attn, name)
+        assert (got is None) == (want is None) == (name == "coverage" and attention != "coverage")
+        if got is not None:
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if feeding and order == "luong":
+        torch.testing.assert_close(fast.feed, full.feed, rtol=0, atol=0)
+    assert fast.attn.keys.data_ptr() == state.attn.keys.data_ptr()  # not copied
+    assert fast.attn.proj.data_ptr() == state.attn.proj.data_ptr()

@@ -59,6 +59,16 @@ class DecoderState:
         feed = None if self.feed is None else self.feed.index_select(0, idx)
         return DecoderState(hidden, self.attn.index_select(idx), self.weights, feed)
 
+    def reorder_beams(self, idx: torch.Tensor) -> DecoderState:
+        """``index_select`` for beam back-pointers that stay within each sentence's beams: the
+        hypothesis' own state moves, the sentence's encoder side stays (AttentionState.reorder_beams)."""
+        if isinstance(self.hidden, tuple):
+            hidden = tuple(h.index_select(1, idx) for h in self.hidden)
+        else:
+            hidden = self.hidden.index_select(1, idx)
+        feed = None if self.feed is None else self.feed.index_select(0, idx)
+        return DecoderState(hidden, self.attn.reorder_beams(idx), self.weights, feed)
+
 
 def top(hidden: RNNState) -> torch.Tensor:
     """Top-layer hidden state [B, H]."""

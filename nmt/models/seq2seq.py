@@ -52,6 +52,9 @@ class EnsembleState(list):
     def index_select(self, idx: torch.Tensor) -> EnsembleState:
         return EnsembleState(s.index_select(idx) for s in self)
 
+    def reorder_beams(self, idx: torch.Tensor) -> EnsembleState:
+        return EnsembleState(s.reorder_beams(idx) for s in self)
+
 
 class Ensemble(nn.Module):
     """Several models sharing a vocabulary, searched as one: p(y) = mean of the members' p(y).

@@ -32,6 +32,14 @@ class AttentionState:
             self.keys.index_select(0, idx), self.proj.index_select(0, idx), self.mask.index_select(0, idx), self.t, cov
         )
 
+    def reorder_beams(self, idx: torch.Tensor) -> AttentionState:
+        """Follow beam back-pointers that stay within each sentence's own beams. The keys, their
+        projection and the mask are the same in every beam of a sentence, so they stay where they are
+        (no copy of [B, S, K] per step); only what a hypothesis accumulated itself (coverage) moves."""
+        if self.coverage is None:
+            return self
+        return replace(self, coverage=self.coverage.index_select(0, idx))
+
     @property
     def src_len(self) -> torch.Tensor:
         return self.mask.sum(-1)  # [B]
