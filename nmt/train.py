@@ -38,6 +38,7 @@ from nmt.logger import RunLogger
 from nmt.models.build import count_parameters, model_from_config
 from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
+from nmt.schedules import BudgetDecay
 from nmt.trainer import FitResult
 from nmt.training import build_finisher, build_trainer, config_changes, run_to_resume
 
@@ -274,9 +275,13 @@ def finish(
         limit = result.reason.split()[1].split("=")[0] if result.reason.startswith("reached trainer.") else None
         if limit:
             log.info(
-                "to train further, raise %s and resume: %s",
+                "to train further, raise %s and resume: %s%s",
                 limit,
                 resume_command(overrides, rundir.root, f"{limit}=..."),
+                "\n  (trainer.scheduler=budget then spreads its decay over the larger budget: the learning rate "
+                "rises again before it falls)"
+                if isinstance(trainer.sched, BudgetDecay) and limit != "trainer.max_epochs"
+                else "",
             )
     return result.last_validation
 

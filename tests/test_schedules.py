@@ -41,3 +41,31 @@ def test_budget_done_is_the_limit_nearer_its_end():
 def test_decay_fraction_is_a_share(bad):
     with pytest.raises(ValueError, match="decay_fraction"):
         BudgetDecay(opt(), 1e-3, decay_fraction=bad)
+
+
+def test_train_cli_logs_the_curve_and_decays_to_the_final_rate(tmp_path, sample_dir):
+    """``python -m nmt.train trainer.scheduler=budget``: one line describing the curve, the peak rate
+    in the progress lines until the decay, then falling to near trainer.min_lr at the budget's end, and
+    the resume hint saying that a larger budget raises the rate again."""
+    import re
+
+    from helpers import TINY, run_module
+
+    steps = [
+        f"data.dir={sample_dir}",
+        *TINY,
+        "trainer.scheduler=budget",
+        "trainer.max_steps=20",
+        "trainer.decay_fraction=0.5",
+        "trainer.min_lr=1e-5",
+        "trainer.log_every=1",
+        f"hydra.run.dir={tmp_path}/run",
+    ]
+    err = run_module("nmt.train", steps, tmp_path / "cache").stderr
+    assert "learning rate: 0.003 until 50% of trainer.max_steps=20, then linear decay to 1e-05" in err
+    rates = {int(k): float(v) for k, v in re.findall(r"step (\d+)  epoch \d+ .*?  lr (\S+)", err)}
+    assert rates[1] == rates[10] == 3e-3  # update 10 (0-based 9) runs at 45% of the budget
+    assert rates[11] == pytest.approx(3e-3, rel=1e-2) and rates[12] < rates[11]  # the decay starts at 50%
+    assert all(rates[k + 1] < rates[k] for k in range(11, 20))
+    assert rates[20] == pytest.approx(1e-5 + 0.1 * (3e-3 - 1e-5), rel=1e-2)  # update 20 runs at 95%
+    assert "spreads its decay over the larger budget" in err
