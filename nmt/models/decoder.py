@@ -51,23 +51,22 @@ class DecoderState:
     feed: torch.Tensor | None = None  # [B, O] last attentional vector (Luong input feeding)
 
     def index_select(self, idx: torch.Tensor) -> DecoderState:
-        """Reorder/expand along the batch, e.g. to follow beam back-pointers."""
-        if isinstance(self.hidden, tuple):
-            hidden = tuple(h.index_select(1, idx) for h in self.hidden)
-        else:
-            hidden = self.hidden.index_select(1, idx)
-        feed = None if self.feed is None else self.feed.index_select(0, idx)
-        return DecoderState(hidden, self.attn.index_select(idx), self.weights, feed)
+        """Reorder/expand along the batch (any rows: e.g. sentences leaving a search)."""
+        return self._with(idx, self.attn.index_select(idx))
 
     def reorder_beams(self, idx: torch.Tensor) -> DecoderState:
         """``index_select`` for beam back-pointers that stay within each sentence's beams: the
         hypothesis' own state moves, the sentence's encoder side stays (AttentionState.reorder_beams)."""
+        return self._with(idx, self.attn.reorder_beams(idx))
+
+    def _with(self, idx: torch.Tensor, attn: AttentionState) -> DecoderState:
+        """This state's own rows ``idx`` (hidden, input feed) beside ``attn``."""
         if isinstance(self.hidden, tuple):
             hidden = tuple(h.index_select(1, idx) for h in self.hidden)
         else:
             hidden = self.hidden.index_select(1, idx)
         feed = None if self.feed is None else self.feed.index_select(0, idx)
-        return DecoderState(hidden, self.attn.reorder_beams(idx), self.weights, feed)
+        return DecoderState(hidden, attn, self.weights, feed)
 
 
 def top(hidden: RNNState) -> torch.Tensor:
