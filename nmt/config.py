@@ -173,6 +173,13 @@ class TrainerConfig:
     tune_decoding: bool = True
     tune_beam_sizes: list[int] = field(default_factory=lambda: [1, 3, 5, 8])  # tune_decoding's beam sizes
     tune_length_penalties: list[float] = field(default_factory=lambda: [0.6, 0.8, 1.0, 1.2])  # and length penalties
+    # At the end of a run, store in best.pt (and averaged.pt) a lexical vocabulary shortlist built from the
+    # training pairs: the shortlist_frequent most frequent target pieces + shortlist_per_source per source
+    # piece. nmt.translate/evaluate/serve search each batch over it when told shortlist=true.
+    # nmt.shortlist; its speed and BLEU change: docs/benchmarks.md.
+    shortlist: bool = True
+    shortlist_frequent: int = 500
+    shortlist_per_source: int = 20
     max_bad_steps: int = 5  # non-finite losses/gradients in a row before the run stops
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
     # Batches (of data.max_tokens each) per rank summed into one update; the global batch is
@@ -227,6 +234,10 @@ class DecodeConfig:
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
     # none | int8: the decoder's linear and recurrent products in int8 (CPU only; nmt.models.quant)
     quantize: str = "none"
+    # true: search each batch over the checkpoint's lexical shortlist of target pieces, when it stores one
+    # (nmt.shortlist: faster, scores normalised over the shortlist, BLEU may change: docs/benchmarks.md);
+    # false: over the whole vocabulary.
+    shortlist: bool = False
     # Matrix products of decoding (quantize=none): auto = bf16 where a quick measurement on this CPU finds
     # them faster than float32 (AMX / AVX512-BF16 CPUs), else float32; bf16 | none force (nmt.calibrate).
     amp: str = "auto"
@@ -439,6 +450,14 @@ def _finishing_problems(t: Any) -> list[str]:
             problems.append(f"trainer.tune_beam_sizes={list(t.tune_beam_sizes)}: expected a list of integers >= 1")
         if not t.tune_length_penalties:
             problems.append("trainer.tune_length_penalties=[]: expected at least one length penalty")
+    if t.shortlist:
+        if t.shortlist_frequent < 0:
+            problems.append(f"trainer.shortlist_frequent={t.shortlist_frequent}: expected an integer >= 0")
+        if t.shortlist_per_source < 1:
+            problems.append(
+                f"trainer.shortlist_per_source={t.shortlist_per_source}: expected an integer >= 1 "
+                "(trainer.shortlist=false stores no shortlist)"
+            )
     return problems
 
 

@@ -1,5 +1,6 @@
 """What a run does once training has ended normally (a limit or early stopping; never after an
-interrupt or a fault): average its newest checkpoints and choose each checkpoint's decoding defaults.
+interrupt or a fault): average its newest checkpoints, store a vocabulary shortlist and choose each
+checkpoint's decoding defaults.
 
 - ``averaged.pt`` (``trainer.average_last=N``): the parameter mean of the newest N ``step_N.pt``
   checkpoints (Junczys-Dowmunt et al. 2016; Vaswani et al. 2017), through the one implementation
@@ -13,8 +14,11 @@ interrupt or a fault): average its newest checkpoints and choose each checkpoint
   ``nmt.translate``/``evaluate``/``serve`` decode with it where the user leaves a key unset
   (``nmt.runtime.search_options``). Tuned on valid only,
   so test.tsv stays unseen.
+- ``shortlist`` (``trainer.shortlist``): a lexical vocabulary shortlist built from the training pairs
+  (``nmt.shortlist``), stored in ``best.pt`` and ``averaged.pt``; the decoding commands search each batch
+  over it when told ``shortlist=true``. The decoding defaults above are chosen over the whole vocabulary.
 
-Plain objects: the grid and the switches come from ``nmt.training.build_finisher``.
+Plain objects: the grid, the switches and the shortlist builder come from ``nmt.training.build_finisher``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from nmt.models.seq2seq import Seq2Seq
 from nmt.rundir import RunDir
 from nmt.runtime import DEFAULT_SEARCH
 from nmt.search import SearchOptions
+from nmt.shortlist import Shortlist
 from nmt.trainer import Progress, Validator
 
 log = logging.getLogger(__name__)
@@ -104,38 +109,54 @@ class Finished:
 class Finisher:
     """Runs on rank 0 after ``Trainer.fit`` ended by a limit or early stopping (see the module docstring)."""
 
-    def __init__(self, rundir: RunDir, average_last: int = 0, grid: DecodingGrid | None = None):
-        self.rundir, self.average_last, self.grid = rundir, average_last, grid
+    def __init__(
+        self,
+        rundir: RunDir,
+        average_last: int = 0,
+        grid: DecodingGrid | None = None,
+        shortlist: Callable[[], Shortlist] | None = None,
+    ):
+        self.rundir, self.average_last, self.grid, self.shortlist = rundir, average_last, grid, shortlist
 
     def __call__(self, model: Seq2Seq, validator: Validator, progress: Progress) -> Finished:
         done = Finished()
-        if not (self.average_last or self.grid) or progress.best_bleu < 0:  # nothing asked, or never validated
+        asked = self.average_last or self.grid or self.shortlist
+        if not asked or progress.best_bleu < 0:  # nothing asked, or never validated
             return done
+        extra = {}  # what every finished checkpoint stores besides its own decoding choice
+        if self.shortlist is not None:
+            start = time.monotonic()
+            with heartbeat("building the vocabulary shortlist from the training pairs"):
+                short = self.shortlist()
+            extra["shortlist"] = short.state_dict()
+            log.info("vocabulary shortlist: %s (%.0f s)", short.describe(), time.monotonic() - start)
         scratch = copy.deepcopy(model)  # scored with other weights; the trained model stays as it is
         if self.average_last:
-            self._average(scratch, validator, done)
-        if self.grid is not None:
-            for path in (self.rundir.best, done.averaged):
-                if path is not None and path.is_file():
-                    done.decoding[path] = self._tune(path, scratch, validator)
+            self._average(scratch, validator, done, extra)
+        for path in (self.rundir.best, done.averaged):
+            if path is not None and path.is_file():
+                if self.grid is not None:
+                    done.decoding[path] = self._tune(path, scratch, validator, extra)
+                elif extra and path != done.averaged:  # averaged.pt was written with them
+                    self.rundir.write_checkpoint(path.name, {**checkpoint.load(path), **extra})
         return done
 
-    def _average(self, scratch: Seq2Seq, validator: Validator, done: Finished) -> None:
+    def _average(self, scratch: Seq2Seq, validator: Validator, done: Finished, extra: dict) -> None:
         found = [str(p) for _, p in self.rundir.step_checkpoints()[-self.average_last :]]
         if len(found) < self.average_last:
             log.warning("trainer.average_last=%d: the run has only %d step_N.pt", self.average_last, len(found))
         if not found:
             return
         averaged = checkpoint.average(found)
-        done.averaged = self.rundir.write_checkpoint(self.rundir.averaged.name, averaged)
+        done.averaged = self.rundir.write_checkpoint(self.rundir.averaged.name, {**averaged, **extra})
         done.averaged_from = found
         scratch.load_state_dict(averaged["model"])
         with heartbeat(f"validating {done.averaged.name}"):
             done.averaged_bleu = validator.bleu(scratch)
 
-    def _tune(self, path: Path, scratch: Seq2Seq, validator: Validator) -> dict:
-        """Choose ``path``'s decoding defaults on valid and store them in it (rewritten atomically)."""
-        ckpt = checkpoint.load(path)
+    def _tune(self, path: Path, scratch: Seq2Seq, validator: Validator, extra: dict) -> dict:
+        """Choose ``path``'s decoding defaults on valid and store them in it with ``extra`` (rewritten atomically)."""
+        ckpt = {**checkpoint.load(path), **extra}
         scratch.load_state_dict(ckpt["model"])
         grid = self.grid.points()
         log.info(

@@ -20,6 +20,7 @@ from nmt.models import quant
 from nmt.models.build import model_from_config
 from nmt.models.seq2seq import Ensemble, Seq2Seq
 from nmt.search import SearchOptions
+from nmt.shortlist import Shortlist
 from nmt.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ def load_translator(cfg: Any) -> Translator:
     ckpt = checkpoint.load(cfg.checkpoint, map_location=device)
     search, used = search_options(cfg, ckpt.get("decoding"))
     model, tok = model_from_checkpoint(ckpt, device)
+    short = load_shortlist(ckpt, cfg.get("shortlist", False))
     del ckpt
     if cfg.ensemble:
         members = [model]
@@ -126,7 +128,23 @@ def load_translator(cfg: Any) -> Translator:
     model = quant.quantize(model, mode)  # int8 products for CPU decoding; the model itself when none
     amp, cache = cfg.get("amp", "auto"), cfg.get("amp_cache")
     log.info("decoding products: %s", decode_products(model, amp, mode, device, cache))
-    return Translator(model, tok, device, search, max_input_len=cfg.max_input_len)
+    return Translator(model, tok, device, search, max_input_len=cfg.max_input_len, shortlist=short)
+
+
+def load_shortlist(ckpt: dict, use: bool) -> Shortlist | None:
+    """The checkpoint's vocabulary shortlist (nmt.shortlist) when it stores one and ``use`` (the decoding
+    commands' ``shortlist``), with a log line either way it matters."""
+    if not use:
+        return None
+    if "shortlist" not in ckpt:
+        log.warning(
+            "shortlist=true, but the checkpoint stores no vocabulary shortlist (runs from before trainer.shortlist: "
+            "python scripts/shortlist.py CHECKPOINT adds one): searching the whole vocabulary"
+        )
+        return None
+    short = Shortlist.from_state_dict(ckpt["shortlist"])
+    log.info("vocabulary shortlist: each batch searches %s (shortlist=true)", short.describe())
+    return short
 
 
 def decode_products(

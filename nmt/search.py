@@ -32,8 +32,8 @@ from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.models.seq2seq import Ensemble, Seq2Seq
 
 NEG_INF = float("-inf")
-# anything with start(src, src_len) and step(y, state), whose state has index_select(idx) (any rows) and
-# reorder_beams(idx) (back-pointers within each sentence's beams)
+# anything with start(src, src_len) (and start(src, src_len, vocab) for a shortlisted search) and step(y, state),
+# whose state has index_select(idx) (any rows) and reorder_beams(idx) (back-pointers within each sentence's beams)
 Searchable = Seq2Seq | Ensemble
 
 
@@ -78,8 +78,9 @@ def coverage_penalty(coverage: torch.Tensor, mask: torch.Tensor, beta: float) ->
     return beta * pen.sum(-1)
 
 
-def _block_repeats(logp: torch.Tensor, hist: torch.Tensor, n: int) -> None:
-    """Forbid (in place) tokens that would complete an n-gram already present in a hypothesis."""
+def _block_repeats(logp: torch.Tensor, hist: torch.Tensor, n: int, vocab: torch.Tensor | None = None) -> None:
+    """Forbid (in place) tokens that would complete an n-gram already present in a hypothesis; with a
+    shortlist ``vocab`` (sorted ids), logp's columns are its positions."""
     t = hist.size(1)
     if n <= 0 or t < n:
         return
@@ -87,7 +88,12 @@ def _block_repeats(logp: torch.Tensor, hist: torch.Tensor, n: int) -> None:
     prefix = hist[:, t - n + 1 :]  # [N, n-1] the last n-1 tokens
     match = (windows[:, :, :-1] == prefix.unsqueeze(1)).all(-1)  # [N, t-n+1]
     rows, cols = match.nonzero(as_tuple=True)
-    logp[rows, windows[rows, cols, -1]] = NEG_INF
+    banned = windows[rows, cols, -1]
+    if vocab is not None:  # ids -> shortlist positions (an id outside the shortlist cannot be chosen anyway)
+        pos = torch.searchsorted(vocab, banned).clamp(max=vocab.numel() - 1)
+        inside = vocab[pos] == banned
+        rows, banned = rows[inside], pos[inside]
+    logp[rows, banned] = NEG_INF
 
 
 def best_candidates(
@@ -113,12 +119,25 @@ def best_candidates(
 
 @torch.no_grad()
 def beam_search(
-    model: Searchable, src: torch.Tensor, src_len: torch.Tensor, opts: SearchOptions, return_attention: bool = False
+    model: Searchable,
+    src: torch.Tensor,
+    src_len: torch.Tensor,
+    opts: SearchOptions,
+    return_attention: bool = False,
+    vocab: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
-    """n-best lists (best first) for each sentence of the batch; src [B, S], src_len [B]."""
+    """n-best lists (best first) for each sentence of the batch; src [B, S], src_len [B].
+
+    ``vocab``: a vocabulary shortlist for this batch (nmt.shortlist: sorted target ids [V'] starting with
+    the special ids, so EOS keeps its index): every step scores and normalises over those ids only.
+    """
     B, K, dev = src.size(0), opts.beam_size, src.device
     if opts.n_best > K:
         raise ValueError(f"n_best ({opts.n_best}) cannot exceed beam_size ({K})")
+    if vocab is not None:
+        vocab = vocab.to(dev)
+        if vocab.numel() <= EOS or not bool((vocab[: EOS + 1] == torch.arange(EOS + 1, device=dev)).all()):
+            raise ValueError("a shortlist must be sorted target ids that start with the special ids 0..EOS")
     src_len_d = src_len.to(dev)
     max_len = (src_len_d.float() * opts.max_len_ratio).long() + 10
     if opts.max_len_cap:
@@ -129,7 +148,7 @@ def beam_search(
     alpha, beta = (opts.alpha, opts.beta) if K > 1 else (0.0, 0.0)
     bound_lp = length_penalty(max_len, alpha).to(dev)  # [B] the largest lp a hypothesis can reach
 
-    state = model.start(src, src_len)
+    state = model.start(src, src_len) if vocab is None else model.start(src, src_len, vocab)
     active = torch.arange(B, device=dev)  # sentences still searching
     state = state.index_select(active.repeat_interleave(K))  # [B*K] beams, sentence-major
     scores = torch.full((B, K), NEG_INF, device=dev)
@@ -152,7 +171,7 @@ def beam_search(
         step_len = t + 1  # tokens including the one chosen now
         beam_sent = active.repeat_interleave(K)  # [N] original sentence of each beam
         logits[step_len <= min_len[beam_sent], EOS] = NEG_INF
-        _block_repeats(logits, hist, opts.no_repeat_ngram)
+        _block_repeats(logits, hist, opts.no_repeat_ngram, vocab)
         at_max = step_len >= max_len[beam_sent]
         if bool(at_max.any()):  # beams at their limit may only end
             forced = logits[at_max, EOS].clone()
@@ -163,6 +182,8 @@ def beam_search(
             if return_attention:
                 att_hist.append(w.float())
         top, origin, tok = best_candidates(scores, logits, lse, 2 * K)  # [n, 2K] each
+        if vocab is not None:
+            tok = vocab[tok]  # shortlist positions -> target ids
         is_eos = (tok == EOS) & (top > NEG_INF)
         is_eos[:, K:] = False  # only EOS among the K best candidates finish (standard beam search)
 

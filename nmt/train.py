@@ -214,7 +214,7 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     finally:
         if logger is not None:
             logger.finish()
-    return finish(result, trainer, rundir, overrides, build_finisher(cfg.trainer, rundir))
+    return finish(result, trainer, rundir, overrides, build_finisher(cfg.trainer, rundir, specs["train"], tokenizer))
 
 
 def stop_rule(t) -> str:

@@ -1,5 +1,5 @@
 """Config → the trainer and its collaborators (optimiser, schedule, precision, validator, saver), and the
-finisher that averages and tunes decoding once training has ended.
+finisher that averages, tunes decoding and stores a vocabulary shortlist once training has ended.
 
 The one place that reads the ``trainer`` config section; ``nmt.trainer`` gets plain objects.
 Also: which config changes a resumed run may make, and which earlier run a bare
@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from nmt import shortlist
 from nmt.calibrate import Calibration, calibrate, warn_if_emulated
 from nmt.config import TrainConfig
+from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist
 from nmt.errors import ConfigError
@@ -27,6 +29,7 @@ from nmt.models.seq2seq import Seq2Seq
 from nmt.rundir import RunDir, discover_runs
 from nmt.schedules import BudgetDecay
 from nmt.search import SearchOptions
+from nmt.shortlist import Shortlist
 from nmt.trainer import CheckpointSaver, EarlyStopping, Precision, Schedule, Trainer, Validator
 from nmt.translator import Translator
 
@@ -170,10 +173,20 @@ def build_trainer(
     )
 
 
-def build_finisher(t: Any, rundir: RunDir) -> Finisher:
-    """What the run does after training ends normally: ``trainer.average_last`` and ``trainer.tune_decoding``."""
+def build_finisher(
+    t: Any, rundir: RunDir, train: CorpusSpec | None = None, tokenizer: Tokenizer | None = None
+) -> Finisher:
+    """What the run does after training ends normally: ``trainer.average_last``, ``trainer.tune_decoding`` and
+    ``trainer.shortlist`` (built from the ``train`` split with the run's ``tokenizer``, when both are given)."""
     grid = DecodingGrid(tuple(t.tune_beam_sizes), tuple(t.tune_length_penalties)) if t.tune_decoding else None
-    return Finisher(rundir, t.average_last, grid)
+    make = None
+    if t.shortlist and train is not None and tokenizer is not None:
+        f, k = t.shortlist_frequent, t.shortlist_per_source
+
+        def make() -> Shortlist:
+            return shortlist.from_pairs(load_pairs(train, shortlist.MAX_PAIRS), tokenizer, f, k)
+
+    return Finisher(rundir, t.average_last, grid, make)
 
 
 # ---- resuming ----
@@ -200,6 +213,9 @@ RESUME_MAY_CHANGE = (
     "trainer.tune_decoding",
     "trainer.tune_beam_sizes",
     "trainer.tune_length_penalties",
+    "trainer.shortlist",  # and these three
+    "trainer.shortlist_frequent",
+    "trainer.shortlist_per_source",
     "device",
     "data.dir",
     "data.num_workers",

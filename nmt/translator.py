@@ -14,6 +14,7 @@ import torch
 from nmt.data.batching import eval_batches
 from nmt.data.tokenizer import Tokenizer
 from nmt.search import Hypothesis, Searchable, SearchOptions, beam_search
+from nmt.shortlist import Shortlist
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,13 @@ class Translator:
         search: SearchOptions | None = None,
         max_tokens: int = 4000,
         max_input_len: int = 256,
+        shortlist: Shortlist | None = None,
     ):
+        """``shortlist``: search each batch over its lexical shortlist of target pieces (nmt.shortlist)."""
         self.model, self.tok, self.device = model, tokenizer, device
         self.search = search or SearchOptions()
         self.max_tokens, self.max_input_len = max_tokens, max_input_len
+        self.shortlist = shortlist
 
     @torch.no_grad()
     def translate(self, texts: list[str], return_attention: bool = False) -> list[Translation]:
@@ -57,7 +61,8 @@ class Translator:
         budget = max(self.max_tokens // self.search.beam_size, 1)
         for group, batch in eval_batches([ids[i] for i in keep], None, budget):
             b = batch.to(self.device)
-            nbests = beam_search(self.model, b.src, b.src_len, self.search, return_attention)
+            vocab = None if self.shortlist is None else self.shortlist.select(b.src)
+            nbests = beam_search(self.model, b.src, b.src_len, self.search, return_attention, vocab)
             for j, nbest in zip(group, nbests):
                 i = keep[j]
                 texts_out = self.tok.decode_tgt([h.tokens for h in nbest])

@@ -68,6 +68,7 @@ import model_flops
 import torch
 from hydra import compose, initialize_config_dir
 
+from nmt import checkpoint, shortlist
 from nmt.config import to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.corpus import load_pairs
@@ -163,6 +164,12 @@ class NmtRun:
         self.trainer.save(best=True)
         if not self.rundir.best.is_file():
             raise SystemExit(f"{self.name}: could not write {self.rundir.best} (see the error above)")
+        t = self.cfg.trainer
+        if t.shortlist:  # as the end of a run stores it (nmt.finishing), for the shortlist=true decode row
+            ckpt = checkpoint.load(self.rundir.best)
+            pairs = load_pairs(self.specs["train"], shortlist.MAX_PAIRS)
+            made = shortlist.from_pairs(pairs, self.tok, t.shortlist_frequent, t.shortlist_per_source)
+            self.rundir.write_checkpoint(self.rundir.best.name, {**ckpt, "shortlist": made.state_dict()})
         return self.rundir.best
 
     def result(self, args) -> dict:
@@ -320,6 +327,8 @@ def compare_decoding(run: NmtRun, saved: list[dict], args) -> list[dict]:
     nmt = {"updates": run.steps, "trained_s": run.trained_s}
     ckpt, beam = run.save(), args.decode_beam
     jobs = [decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop)]
+    if run.cfg.trainer.shortlist:
+        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop, shortlist=True))
     if args.device == "cpu":
         jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, quantize="int8", stop=args.decode_stop))
         jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop, amp="none"))

@@ -102,6 +102,7 @@ def test_nmtrun_saves_a_normal_nmt_checkpoint(bench_checkpoint):
     assert ck["progress"]["step"] == 2 + 3  # warm-up + the window
     assert ck["progress"]["elapsed_s"] == pytest.approx(run.trained_s) and run.trained_s > 0
     assert "optimizer" not in ck and "optimizer" in checkpoint.load(run.rundir.last)
+    assert ck["shortlist"]["sizes"] == [500, 20]  # as the end of a real run stores it (trainer.shortlist)
 
 
 def test_nmt_jobs_and_a_peer_pipeline_decode_end_to_end(bench_checkpoint, sample_dir, tmp_path):
@@ -122,12 +123,13 @@ def test_nmt_jobs_and_a_peer_pipeline_decode_end_to_end(bench_checkpoint, sample
     jobs = [
         decode_compare.nmt_job(best, src, tmp_path, 2),
         decode_compare.nmt_job(best, src, tmp_path, 2, quantize="int8", stop="early"),
+        decode_compare.nmt_job(best, src, tmp_path, 2, shortlist=True),
         echo,
     ]
     for job in jobs:
         job.trained = {"trained_s": 1.0, "updates": 5}  # as benchmark.compare_decoding sets it
     rows = decode_compare.measure(jobs, src, refs, rounds=1, logs=tmp_path)
-    assert [r["system"] for r in rows] == ["nmt", "nmt int8", "echo"]
+    assert [r["system"] for r in rows] == ["nmt", "nmt int8", "nmt shortlist", "echo"]
     for r, job in zip(rows, jobs, strict=True):
         hyps = decode_compare.read_lines(job.hypotheses)
         assert len(hyps) == len(pairs) == r["sentences"]
@@ -137,9 +139,11 @@ def test_nmt_jobs_and_a_peer_pipeline_decode_end_to_end(bench_checkpoint, sample
     sp = spm.SentencePieceProcessor(model_file=str(model))
     assert decode_compare.read_lines(echo.hypotheses) == [sp.decode(sp.encode(s)) for s, _ in pairs]
     assert rows[1]["bleu_change"] == pytest.approx(rows[1]["bleu"] - rows[0]["bleu"])
-    assert rows[2]["nmt_over_peer"] == pytest.approx(rows[0]["words_s"] / rows[2]["words_s"])
+    assert rows[2]["bleu_change"] == pytest.approx(rows[2]["bleu"] - rows[0]["bleu"])
+    assert "shortlist=true" in jobs[2].steps[0].cmd and "shortlist=true" not in jobs[0].steps[0].cmd
+    assert rows[3]["nmt_over_peer"] == pytest.approx(rows[0]["words_s"] / rows[3]["words_s"])
     said = decode_compare.summary(rows, 1)
     assert f"({len(pairs)} sentences)" in said and "echo 1 s / 5 updates" in said and "nmt int8" not in said
-    assert f"translate alone: echo {rows[2]['translate_s']:.1f} s" in said
+    assert f"translate alone: echo {rows[3]['translate_s']:.1f} s" in said
     assert "nmt: python -m nmt.translate stop=exact" in said
     assert "stop=early" in jobs[1].steps[0].cmd and "stop=exact" in jobs[0].steps[0].cmd

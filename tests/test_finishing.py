@@ -16,12 +16,14 @@ from omegaconf import OmegaConf
 from helpers import TINY, run_module
 from nmt import checkpoint
 from nmt.config import DecodeConfig, TrainConfig, validate
+from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist
 from nmt.errors import ConfigError, NmtError
 from nmt.finishing import DecodingGrid, Finished, choose_decoding, choose_stop
 from nmt.rundir import RunDir
 from nmt.runtime import load_translator, search_options
 from nmt.search import SearchOptions
+from nmt.shortlist import Shortlist
 from nmt.train import finish
 from nmt.trainer import FitResult, Progress
 from nmt.training import config_changes
@@ -78,6 +80,20 @@ def test_decoding_defaults_are_chosen_on_the_grid_and_stored(finished_run):
         assert d["sentences"] == 40 and 0 <= d["bleu"] <= 100
         assert f"{path.name}: decoding defaults beam {d['beam_size']}" in proc.stderr
     assert "choosing decoding defaults for best.pt on 40 valid sentences (3 settings)" in proc.stderr
+
+
+def test_a_vocabulary_shortlist_is_stored_in_best_pt_and_averaged_pt(finished_run):
+    rundir, _, proc = finished_run
+    tables = []
+    for path in (rundir.best, rundir.averaged):
+        ckpt = checkpoint.load(path)
+        short = Shortlist.from_state_dict(ckpt["shortlist"])
+        vocab = Tokenizer.from_state_dict(ckpt["tokenizer"]).src_vocab_size
+        assert short.sizes == (500, 20) and short.table.shape == (vocab, 20)
+        assert "decoding" in ckpt  # the decoding choice was stored beside it, not instead of it
+        tables.append(short.table)
+    assert torch.equal(*tables)
+    assert "vocabulary shortlist: the 500 most frequent target pieces + 20 per source piece" in proc.stderr
 
 
 def test_translate_and_evaluate_load_averaged_pt_and_say_which_decoding_they_use(finished_run, tmp_path, sample_dir):
@@ -182,14 +198,17 @@ def test_average_last_needs_keep_last_and_the_grid_must_not_be_empty():
     cfg.attention.name = "bahdanau"
     cfg.trainer.average_last, cfg.trainer.keep_last = 5, 2
     cfg.trainer.tune_beam_sizes = []
+    cfg.trainer.shortlist_per_source = 0
     with pytest.raises(ConfigError) as e:
         validate(cfg, "train")
     lines = str(e.value).splitlines()
     assert lines == [
         "trainer.average_last=5 averages the newest step_N.pt checkpoints: needs trainer.keep_last >= 5 (got 2)",
         "trainer.tune_beam_sizes=[]: expected a list of integers >= 1",
+        "trainer.shortlist_per_source=0: expected an integer >= 1 (trainer.shortlist=false stores no shortlist)",
     ]
     cfg.trainer.keep_last, cfg.trainer.tune_beam_sizes = 5, [1, 5]
+    cfg.trainer.shortlist = False  # the sizes only matter when a shortlist is built
     validate(cfg, "train")
 
 
@@ -203,7 +222,15 @@ def test_average_last_without_keep_last_fails_before_any_work(tmp_path, sample_d
 
 def test_runs_from_before_these_keys_resume_and_may_turn_them_on():
     saved = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
-    for key in ("average_last", "tune_decoding", "tune_beam_sizes", "tune_length_penalties"):
+    for key in (
+        "average_last",
+        "tune_decoding",
+        "tune_beam_sizes",
+        "tune_length_penalties",
+        "shortlist",
+        "shortlist_frequent",
+        "shortlist_per_source",
+    ):
         del saved["trainer"][key]
     current = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
     current["trainer"]["average_last"] = 2

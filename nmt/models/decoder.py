@@ -69,6 +69,18 @@ class DecoderState:
         return DecoderState(hidden, attn, self.weights, feed)
 
 
+def output_rows(
+    layer: nn.Module, vocab: torch.Tensor, dtype: torch.dtype | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The output layer's rows ``vocab`` as one product, x [.., O] → [.., len(vocab)], in ``dtype`` (None: the
+    weight's own); an int8 layer (nmt.models.quant.QuantLinear) makes its own."""
+    if hasattr(layer, "rows"):
+        return layer.rows(vocab)
+    w = layer.weight.detach().index_select(0, vocab)
+    b = None if layer.bias is None else layer.bias.detach().index_select(0, vocab)
+    return CastLinear(w, b, dtype or w.dtype)
+
+
 def top(hidden: RNNState) -> torch.Tensor:
     """Top-layer hidden state [B, H]."""
     return (hidden[0] if isinstance(hidden, tuple) else hidden)[-1]
@@ -132,25 +144,31 @@ class Decoder(nn.Module):
         """The layer between the RNN/attention and the output projection (readout or combine)."""
         raise NotImplementedError
 
-    def pass_products(self) -> PassProducts:
+    def pass_products(self, vocab: torch.Tensor | None = None) -> PassProducts:
         """This pass's products (PassProducts): cast once to the RNN's product dtype when no gradient is
         being recorded (search, validation) and that dtype is set; the modules themselves otherwise
-        (training, float32, or int8 layers put in by nmt.models.quant)."""
+        (training, float32, or int8 layers put in by nmt.models.quant). ``vocab`` (sorted target ids, a
+        search's shortlist: nmt.shortlist) restricts the vocabulary projection to those rows, so logits
+        come out [.., len(vocab)]."""
         rnn, read, dtype = self.rnn.step_weights(split=self.emb_size), self.read_layer(), self.rnn.matmul_dtype
+        if vocab is not None and torch.is_grad_enabled():
+            raise ValueError("a vocabulary shortlist is for search only (no gradients through it)")
         if dtype is None or torch.is_grad_enabled():
-            return PassProducts(rnn, read, self.logits)
+            return PassProducts(rnn, read, self.logits if vocab is None else output_rows(self.out, vocab, None))
 
         def cast(layer: nn.Module, out_dtype: torch.dtype | None) -> Callable[[torch.Tensor], torch.Tensor]:
             return CastLinear(layer.weight, layer.bias, dtype, out_dtype) if type(layer) is nn.Linear else layer
 
         # Readout / combine come back in float32 (state and gate maths stay float32); logits in the
         # product dtype, as Decoder.logits gives them.
-        return PassProducts(rnn, cast(read, torch.float32), cast(self.out, None))
+        out = cast(self.out, None) if vocab is None else output_rows(self.out, vocab, dtype)
+        return PassProducts(rnn, cast(read, torch.float32), out)
 
     # ---- interface ----
-    def init_state(self, enc: EncoderOutput) -> DecoderState:
+    def init_state(self, enc: EncoderOutput, vocab: torch.Tensor | None = None) -> DecoderState:
+        """The state a pass starts from; ``vocab``: a search's shortlist (``pass_products``)."""
         # The RNN's layer-0 input is split embedding | context (Bahdanau) or fed vector (Luong).
-        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask), self.pass_products())
+        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask), self.pass_products(vocab))
 
     def step(self, y_prev: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
         """y_prev [B] → (logits [B, V], new state, attention weights [B, S])."""
@@ -295,8 +313,8 @@ class LuongDecoder(Decoder):
         ctx, w = self.attention(h, attn)  # [B, (T,) K]
         return self.dropout(torch.tanh((combine or self.combine)(torch.cat([ctx, h], dim=-1)))), w
 
-    def init_state(self, enc):
-        state = super().init_state(enc)
+    def init_state(self, enc, vocab=None):
+        state = super().init_state(enc, vocab)
         if self.input_feeding:
             state.feed = enc.keys.new_zeros(enc.keys.size(0), self.out_size)
         return state

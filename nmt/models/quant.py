@@ -103,9 +103,18 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.product = Int8Linear(linear.weight, linear.bias)
+        # float rows kept for shortlists (rows); quantising per row makes a subset's int8 rows the same
+        self.weight = linear.weight.detach()
+        self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x)
+
+    def rows(self, vocab: torch.Tensor) -> Int8Linear:
+        """The rows ``vocab`` as an int8 product (a search's shortlist, nmt.shortlist): each row is
+        quantised on its own, so these equal the full product's rows."""
+        bias = None if self.bias is None else self.bias.index_select(0, vocab)
+        return Int8Linear(self.weight.index_select(0, vocab), bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"

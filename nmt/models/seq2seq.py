@@ -37,12 +37,13 @@ class Seq2Seq(nn.Module):
         """→ (logits [B, T, V], attention weights [B, T, S])."""
         return self.decoder(tgt_in, self.encode(src, src_len), teacher_forcing)
 
-    def start(self, src: torch.Tensor, src_len: torch.Tensor) -> DecoderState:
-        """Encode once and return the decoder state that search steps from."""
-        return self.decoder.init_state(self.encode(src, src_len))
+    def start(self, src: torch.Tensor, src_len: torch.Tensor, vocab: torch.Tensor | None = None) -> DecoderState:
+        """Encode once and return the decoder state that search steps from; ``vocab`` (sorted target ids, a
+        shortlist: nmt.shortlist) makes every step's logits cover those ids only."""
+        return self.decoder.init_state(self.encode(src, src_len), vocab)
 
     def step(self, y_prev: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
-        """One search step: y_prev [N] → (logits [N, V], state, attention [N, S])."""
+        """One search step: y_prev [N] → (logits [N, V] (V = len(vocab) under a shortlist), state, attention [N, S])."""
         return self.decoder.step(y_prev, state)
 
 
@@ -71,8 +72,8 @@ class Ensemble(nn.Module):
         for m in self.members:
             m.set_matmul_dtype(dtype)
 
-    def start(self, src: torch.Tensor, src_len: torch.Tensor) -> EnsembleState:
-        return EnsembleState(m.start(src, src_len) for m in self.members)
+    def start(self, src: torch.Tensor, src_len: torch.Tensor, vocab: torch.Tensor | None = None) -> EnsembleState:
+        return EnsembleState(m.start(src, src_len, vocab) for m in self.members)
 
     def step(self, y_prev: torch.Tensor, state: EnsembleState):
         outs = [m.step(y_prev, s) for m, s in zip(self.members, state)]
