@@ -6,7 +6,7 @@
 Runs trained before shortlists existed have none; this builds one from the training pairs (train.tsv
 of ``--data``, tokenised with the checkpoint's own sentencepiece model) and writes the checkpoint
 again with it (``--output``, else in place, atomically). ``nmt.translate``/``evaluate``/``serve`` then
-search each batch over it unless told ``shortlist=false``.
+search each batch over it when told ``shortlist=true`` (off by default: docs/benchmarks.md, run 9).
 
 Before writing, it prints what the shortlist keeps on valid.tsv: the share of reference target pieces
 that are inside their batch's shortlist (batches formed as ``nmt.translate`` forms them at beam 5), and
