@@ -56,7 +56,11 @@ class Shortlist:
         return f"the {f} most frequent target pieces + {k} per source piece"
 
     def state_dict(self) -> dict:
-        return {"frequent": self.frequent.clone(), "table": self.table.clone(), "sizes": list(self.sizes)}
+        """Stored in the narrowest integer type that holds the ids (int16 for vocabularies up to 32k):
+        the table is V_src × K ids, and best.pt should stay about the size of the weights."""
+        top = max((int(t.max()) for t in (self.table, self.frequent) if t.numel()), default=0)
+        dtype = torch.int16 if top < 2**15 else torch.int32
+        return {"frequent": self.frequent.to(dtype), "table": self.table.to(dtype), "sizes": list(self.sizes)}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> Shortlist:

@@ -54,8 +54,10 @@ def test_build_keeps_the_specials_the_frequent_and_each_source_piece_strongest_a
     ids = short.select(torch.tensor([[5, 6, 0], [7, 0, 0]]))  # 0 = PAD, ignored
     assert ids.tolist() == sorted(ids.tolist()) and ids[:SPECIALS].tolist() == [0, 1, 2, 3]
     assert ids.tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 12]  # the frequent ones, 5: 9 10, 6: 10 11, 7: 12 11
-    back = Shortlist.from_state_dict(short.state_dict())
-    assert torch.equal(back.table, short.table) and back.sizes == (1, 2)
+    stored = short.state_dict()
+    assert stored["table"].dtype == torch.int16  # ids below 2**15: stored narrow, read back as long
+    back = Shortlist.from_state_dict(stored)
+    assert torch.equal(back.table, short.table) and back.sizes == (1, 2) and back.table.dtype == torch.long
     with pytest.raises(ValueError, match="per_source"):
         build(src, tgt, 8, 13, frequent=1, per_source=0)
 
