@@ -129,7 +129,11 @@ class Finisher:
             with heartbeat("building the vocabulary shortlist from the training pairs"):
                 short = self.shortlist()
             extra["shortlist"] = short.state_dict()
-            log.info("vocabulary shortlist: %s (%.0f s)", short.describe(), time.monotonic() - start)
+            log.info(
+                "vocabulary shortlist: %s, stored in the checkpoints (%.0f s); translate with shortlist=true to use it",
+                short.describe(),
+                time.monotonic() - start,
+            )
         scratch = copy.deepcopy(model)  # scored with other weights; the trained model stays as it is
         if self.average_last:
             self._average(scratch, validator, done, extra)
