@@ -9,6 +9,7 @@ Also: which config changes a resumed run may make, and which earlier run a bare
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from pathlib import Path
@@ -181,12 +182,15 @@ def build_finisher(
     grid = DecodingGrid(tuple(t.tune_beam_sizes), tuple(t.tune_length_penalties)) if t.tune_decoding else None
     make = None
     if t.shortlist and train is not None and tokenizer is not None:
-        f, k = t.shortlist_frequent, t.shortlist_per_source
-
-        def make() -> Shortlist:
-            return shortlist.from_pairs(load_pairs(train, shortlist.MAX_PAIRS), tokenizer, f, k)
-
+        make = functools.partial(build_shortlist, t, train, tokenizer)
     return Finisher(rundir, t.average_last, grid, make)
+
+
+def build_shortlist(t: Any, train: CorpusSpec, tokenizer: Tokenizer) -> Shortlist:
+    """The vocabulary shortlist of ``trainer.shortlist_frequent`` / ``shortlist_per_source`` over the first
+    ``shortlist.MAX_PAIRS`` pairs of the ``train`` split (what the end of a run stores; nmt.shortlist)."""
+    pairs = load_pairs(train, shortlist.MAX_PAIRS)
+    return shortlist.from_pairs(pairs, tokenizer, t.shortlist_frequent, t.shortlist_per_source)
 
 
 # ---- resuming ----

@@ -68,7 +68,7 @@ import model_flops
 import torch
 from hydra import compose, initialize_config_dir
 
-from nmt import checkpoint, shortlist
+from nmt import checkpoint
 from nmt.config import to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.corpus import load_pairs
@@ -78,7 +78,7 @@ from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.search import SearchOptions
 from nmt.train import build_loader  # (importing nmt.train registers the config schema)
-from nmt.training import build_trainer
+from nmt.training import build_shortlist, build_trainer
 from nmt.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,8 +167,7 @@ class NmtRun:
         t = self.cfg.trainer
         if t.shortlist:  # as the end of a run stores it (nmt.finishing), for the shortlist=true decode row
             ckpt = checkpoint.load(self.rundir.best)
-            pairs = load_pairs(self.specs["train"], shortlist.MAX_PAIRS)
-            made = shortlist.from_pairs(pairs, self.tok, t.shortlist_frequent, t.shortlist_per_source)
+            made = build_shortlist(t, self.specs["train"], self.tok)
             self.rundir.write_checkpoint(self.rundir.best.name, {**ckpt, "shortlist": made.state_dict()})
         return self.rundir.best
 
