@@ -97,21 +97,21 @@ def _block_repeats(logp: torch.Tensor, hist: torch.Tensor, n: int, vocab: torch.
 
 
 def best_candidates(
-    scores: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor, k: int
+    scores: torch.Tensor, logp: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The k best continuations of each sentence: scores [n, K] of its open beams, logits [n·K, V] of
-    their next tokens (masked tokens at -inf), lse [n·K, 1] the logsumexp that normalises each row →
-    (score + log p [n, k], flat beam index [n, k], token [n, k]), best first.
+    """The k best continuations of each sentence: scores [n, K] of its open beams, logp [n·K, V] the
+    log-probabilities of their next tokens (masked tokens at -inf) → (score + log p [n, k], flat beam
+    index [n, k], token [n, k]), best first.
 
     The k best of a sentence's K·V candidates are among the k best of each of its beams (within a beam
     they rank by token log-probability, the beam's own score being shared), so the top k is taken per
-    beam first and then over the K·k: two small selections, and log p is only formed for the K·k.
+    beam first and then over the K·k: two small selections, and the beam scores are only added to the K·k.
     """
     n, K = scores.shape
-    V = logits.size(1)
+    V = logp.size(1)
     per_beam = min(k, V)
-    beam_top, beam_tok = logits.topk(per_beam, dim=1)  # [n·K, per_beam]
-    cand = (scores.reshape(-1, 1) + (beam_top - lse)).view(n, K * per_beam)
+    beam_top, beam_tok = logp.topk(per_beam, dim=1)  # [n·K, per_beam]
+    cand = (scores.reshape(-1, 1) + beam_top).view(n, K * per_beam)
     top, idx = cand.topk(min(k, K * per_beam), dim=1)
     origin = torch.arange(n, device=scores.device).unsqueeze(1) * K + idx // per_beam
     return top, origin, beam_tok.view(n, K * per_beam).gather(1, idx)
@@ -164,24 +164,24 @@ def beam_search(
 
     for t in range(int(max_len.max())):
         logits, state, w = model.step(y, state)
-        logits = logits.float()  # [N, V]
-        # log p = logits - logsumexp(logits), normalised over the whole vocabulary before any masking;
-        # only the candidates that can be chosen are normalised (below), not all N x V.
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, 1]
+        # log p over the whole vocabulary (or shortlist), normalised before any masking, in float32 whatever
+        # the products' dtype: one fused pass (about half the time of logsumexp's max/sub/exp/sum passes on
+        # a CPU; docs/benchmarks.md run 10).
+        logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [N, V]
         step_len = t + 1  # tokens including the one chosen now
         beam_sent = active.repeat_interleave(K)  # [N] original sentence of each beam
-        logits[step_len <= min_len[beam_sent], EOS] = NEG_INF
-        _block_repeats(logits, hist, opts.no_repeat_ngram, vocab)
+        logp[step_len <= min_len[beam_sent], EOS] = NEG_INF
+        _block_repeats(logp, hist, opts.no_repeat_ngram, vocab)
         at_max = step_len >= max_len[beam_sent]
         if bool(at_max.any()):  # beams at their limit may only end
-            forced = logits[at_max, EOS].clone()
-            logits[at_max] = NEG_INF
-            logits[at_max, EOS] = forced
+            forced = logp[at_max, EOS].clone()
+            logp[at_max] = NEG_INF
+            logp[at_max, EOS] = forced
         if need_att:
             coverage = coverage + w.float()
             if return_attention:
                 att_hist.append(w.float())
-        top, origin, tok = best_candidates(scores, logits, lse, 2 * K)  # [n, 2K] each
+        top, origin, tok = best_candidates(scores, logp, 2 * K)  # [n, 2K] each
         if vocab is not None:
             tok = vocab[tok]  # shortlist positions -> target ids
         is_eos = (tok == EOS) & (top > NEG_INF)

@@ -212,13 +212,12 @@ def test_best_candidates_equal_the_full_k_by_v_selection(K, V_):
     n = 6
     scores = -torch.rand(n, K) * 5
     scores[0, 1:] = float("-inf")  # a sentence's first step: one live beam
-    logits = torch.randn(n * K, V_) * 3
-    lse = torch.logsumexp(logits, -1, keepdim=True)
-    logits[2, 0] = logits[5, 1] = float("-inf")  # masked after normalising, as the search masks
+    logp = torch.log_softmax(torch.randn(n * K, V_) * 3, -1)
+    logp[2, 0] = logp[5, 1] = float("-inf")  # masked after normalising, as the search masks
     k = min(2 * K, K * V_)
-    full = (scores.view(-1, 1) + (logits - lse)).view(n, K * V_)
+    full = (scores.view(-1, 1) + logp).view(n, K * V_)
     ref_top, ref_idx = full.topk(k, dim=1)
-    top, origin, tok = best_candidates(scores, logits, lse, 2 * K)
+    top, origin, tok = best_candidates(scores, logp, 2 * K)
     torch.testing.assert_close(top, ref_top)
     live = ref_top > float("-inf")  # among equal -inf candidates any order is right
     ref_origin = torch.arange(n).unsqueeze(1) * K + ref_idx // V_
