@@ -21,10 +21,15 @@ def smoothed_ce_rows(x: torch.Tensor, y: torch.Tensor, eps: float) -> tuple[torc
     the same smoothing as ``F.cross_entropy(label_smoothing=eps)`` (uniform over all V).
     """
     lse = torch.logsumexp(x, -1, keepdim=True)  # [n, 1]
+    return _smoothed_ce(x, y, eps, lse), lse
+
+
+def _smoothed_ce(x: torch.Tensor, y: torch.Tensor, eps: float, lse: torch.Tensor) -> torch.Tensor:
+    """Per-row loss [n] from x [n, V], y [n] and x's log-sum-exp lse [n, 1] (the formula above)."""
     loss = lse.squeeze(1) - (1 - eps) * x.gather(1, y.unsqueeze(1)).squeeze(1)
     if eps:
         loss = loss - (eps / x.size(1)) * x.sum(-1)
-    return loss, lse
+    return loss
 
 
 class FusedSmoothedCE(torch.autograd.Function):
@@ -39,12 +44,15 @@ class FusedSmoothedCE(torch.autograd.Function):
         grad = torch.empty_like(logits)  # [N, V]
         total = logits.new_zeros((), dtype=torch.float32)
         for rows, x, y, keep in _chunks(logits, target, ignore, chunk):
-            loss, lse = smoothed_ce_rows(x, y, eps)
-            total += (loss * keep).sum()
             # ∂loss/∂x = softmax(x) - (1-eps) onehot(y) - eps/V, zero on ignored rows; computed in
-            # float32, in place in the gradient buffer when that is float32 too.
+            # float32, in place in the gradient buffer when that is float32 too. One exp pass serves both
+            # the log-sum-exp and the softmax (logsumexp and then exp(x - lse) would make two).
             g = grad[rows]
-            p = torch.sub(x, lse, out=g if g.dtype == x.dtype else None).exp_()
+            top = x.amax(-1, keepdim=True)  # [n, 1]
+            p = torch.sub(x, top, out=g if g.dtype == x.dtype else None).exp_()
+            z = p.sum(-1, keepdim=True)
+            total += (_smoothed_ce(x, y, eps, top + z.log()) * keep).sum()
+            p.div_(z)
             if eps:
                 p.sub_(eps / x.size(1))
             p.scatter_add_(1, y.unsqueeze(1), p.new_full((p.size(0), 1), eps - 1.0))
