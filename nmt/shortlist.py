@@ -45,11 +45,15 @@ class Shortlist:
     table: torch.Tensor  # [V_src, K] long
     sizes: tuple[int, int] = (0, 0)  # (frequent, per_source) as asked when built, for the log
 
+    def to(self, device: torch.device | str) -> Shortlist:
+        """This shortlist with its tensors on ``device`` (the translator moves it once, not every batch)."""
+        return Shortlist(self.frequent.to(device), self.table.to(device), self.sizes)
+
     def select(self, src: torch.Tensor) -> torch.Tensor:
         """The sorted target ids a batch of sources src [B, S] (PAD ignored) may translate into: [V']."""
-        table = self.table.to(src.device)
+        table, frequent = self.table.to(src.device), self.frequent.to(src.device)  # no copy once moved (``to``)
         pieces = torch.unique(src[src != PAD])
-        return torch.unique(torch.cat([self.frequent.to(src.device), table[pieces].flatten()]))
+        return torch.unique(torch.cat([frequent, table[pieces].flatten()]))
 
     def describe(self) -> str:
         f, k = self.sizes

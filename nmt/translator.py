@@ -43,7 +43,7 @@ class Translator:
         self.model, self.tok, self.device = model, tokenizer, device
         self.search = search or SearchOptions()
         self.max_tokens, self.max_input_len = max_tokens, max_input_len
-        self.shortlist = shortlist
+        self.shortlist = shortlist.to(device) if shortlist is not None else None
 
     @torch.no_grad()
     def translate(self, texts: list[str], return_attention: bool = False) -> list[Translation]:
