@@ -150,10 +150,15 @@ def beam_search(
 
     state = model.start(src, src_len) if vocab is None else model.start(src, src_len, vocab)
     active = torch.arange(B, device=dev)  # sentences still searching
-    state = state.index_select(active.repeat_interleave(K))  # [B*K] beams, sentence-major
+    # A sentence's K beams start identical, so the first step runs once per sentence and its output and
+    # state are copied to the K beams ([B] -> [B*K] rows, sentence-major), not computed K times.
+    y = torch.full((B,), BOS, dtype=torch.long, device=dev)
+    logits, state, w = model.step(y, state)
+    beams = active.repeat_interleave(K)
+    logits, state = logits.index_select(0, beams), state.index_select(beams)
+    w = w.index_select(0, beams) if w is not None else None
     scores = torch.full((B, K), NEG_INF, device=dev)
     scores[:, 0] = 0.0  # the K beams start identical: keep one alive so the first top-k is distinct
-    y = torch.full((B * K,), BOS, dtype=torch.long, device=dev)
     hist = torch.empty(B * K, 0, dtype=torch.long, device=dev)
     src_mask = (src != PAD).repeat_interleave(K, dim=0)  # [N, S]
     need_att = return_attention or beta > 0
@@ -163,7 +168,8 @@ def beam_search(
     kth_finished = torch.full((B,), NEG_INF, device=dev)  # score of each sentence's n_best-th finished one
 
     for t in range(int(max_len.max())):
-        logits, state, w = model.step(y, state)
+        if t > 0:  # step 0 ran above, once per sentence
+            logits, state, w = model.step(y, state)
         # log p over the whole vocabulary (or shortlist), normalised before any masking, in float32 whatever
         # the products' dtype: one fused pass (about half the time of logsumexp's max/sub/exp/sum passes on
         # a CPU; docs/benchmarks.md run 10).
