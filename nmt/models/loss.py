@@ -14,18 +14,14 @@ from __future__ import annotations
 import torch
 
 
-def smoothed_ce_rows(x: torch.Tensor, y: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [n, V] float32, y [n] → (per-row loss [n], log-sum-exp [n, 1]).
+def smoothed_ce_rows(x: torch.Tensor, y: torch.Tensor, eps: float, lse: torch.Tensor | None = None) -> torch.Tensor:
+    """x [n, V] float32, y [n] → per-row loss [n]; ``lse`` [n, 1], x's log-sum-exp, when the caller has it.
 
     loss = -(1-eps) log p_y - eps/V Σ_v log p_v = lse - (1-eps) x_y - eps/V Σ_v x_v,
     the same smoothing as ``F.cross_entropy(label_smoothing=eps)`` (uniform over all V).
     """
-    lse = torch.logsumexp(x, -1, keepdim=True)  # [n, 1]
-    return _smoothed_ce(x, y, eps, lse), lse
-
-
-def _smoothed_ce(x: torch.Tensor, y: torch.Tensor, eps: float, lse: torch.Tensor) -> torch.Tensor:
-    """Per-row loss [n] from x [n, V], y [n] and x's log-sum-exp lse [n, 1] (the formula above)."""
+    if lse is None:
+        lse = torch.logsumexp(x, -1, keepdim=True)  # [n, 1]
     loss = lse.squeeze(1) - (1 - eps) * x.gather(1, y.unsqueeze(1)).squeeze(1)
     if eps:
         loss = loss - (eps / x.size(1)) * x.sum(-1)
@@ -51,7 +47,7 @@ class FusedSmoothedCE(torch.autograd.Function):
             top = x.amax(-1, keepdim=True)  # [n, 1]
             p = torch.sub(x, top, out=g if g.dtype == x.dtype else None).exp_()
             z = p.sum(-1, keepdim=True)
-            total += (_smoothed_ce(x, y, eps, top + z.log()) * keep).sum()
+            total += (smoothed_ce_rows(x, y, eps, top + z.log()) * keep).sum()
             p.div_(z)
             if eps:
                 p.sub_(eps / x.size(1))
@@ -83,7 +79,7 @@ def label_smoothed_nll(
         return FusedSmoothedCE.apply(logits, target, eps, ignore, chunk)
     total = logits.new_zeros((), dtype=torch.float32)
     for _, x, y, keep in _chunks(logits, target, ignore, chunk):
-        total += (smoothed_ce_rows(x, y, eps)[0] * keep).sum()
+        total += (smoothed_ce_rows(x, y, eps) * keep).sum()
     return total
 
 
