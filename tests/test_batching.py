@@ -115,3 +115,14 @@ def test_eval_batches_cover_everything_in_order():
         seen += idx
         assert b.src.size(0) == len(idx)
     assert sorted(seen) == list(range(5))  # the over-long one still gets a batch of its own
+
+
+def test_an_unfinished_batch_stream_closes_quietly_at_interpreter_exit(monkeypatch):
+    """At exit Python closes a suspended generator after it may have cleared module globals; the stream's
+    error handler must not then evaluate ``except NmtError`` (None by then: "Exception ignored ... TypeError")."""
+    from nmt.data import batching
+
+    stream = batching.worker_errors(iter(range(3)))
+    assert next(stream) == 0
+    monkeypatch.setattr(batching, "NmtError", None)  # what interpreter teardown leaves behind
+    stream.close()  # raised TypeError before the fix

@@ -108,6 +108,17 @@ def test_finished_sentences_leave_the_batch():
     assert rest[0] == 6 and rest[-1] == 2 and sorted(rest, reverse=True) == rest
 
 
+def test_a_beam_wider_than_the_vocabulary():
+    """The first step searches one beam per sentence, whose candidates (V) can be fewer than the beam:
+    the missing beams start dead, and the search still finds every hypothesis there is."""
+    toy = Toy({BOS: {A: 0.5, B_: 0.3, C: 0.2}, A: {EOS: 1.0}, B_: {EOS: 1.0}, C: {EOS: 1.0}})
+    b = src_batch((2, 3))
+    out = beam_search(toy, b.src, b.src_len, SearchOptions(beam_size=V + 1, n_best=3, alpha=0.0))
+    for nbest in out:
+        assert [h.tokens for h in nbest] == [[A], [B_], [C]]
+        assert [round(math.exp(h.log_prob), 3) for h in nbest] == [0.5, 0.3, 0.2]
+
+
 @pytest.fixture(scope="module")
 def trained_model(trained):
     run, _, _ = trained

@@ -284,6 +284,8 @@ def worker_errors(batches: Iterator[Batch]) -> Iterator[Batch]:
     wraps it in the worker's whole traceback ("Caught CorpusError in DataLoader worker process 0...")."""
     try:
         yield from batches
+    except GeneratorExit:  # closed, or collected at interpreter exit (when NmtError may already be gone)
+        raise
     except NmtError as e:
         lines = [x for x in str(e).splitlines() if x.strip()]
         if len(lines) > 1 and "DataLoader worker" in lines[0]:
