@@ -232,6 +232,10 @@ class DecodeConfig:
     max_input_len: int = 256  # source pieces kept per line; longer lines are truncated with a warning
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
+    # nmt.translate input=FILE and nmt.evaluate on a CPU (Linux): decode in this many one-thread processes, each a
+    # share of the lines (0 = auto: one per CPU thread, see threads; 1 = this process only). Same translations,
+    # faster (docs/benchmarks.md, run 11). stdin, nmt.serve and CUDA decode in one process.
+    workers: int = 0
     # none | int8: the decoder's linear and recurrent products in int8 (CPU only; nmt.models.quant)
     quantize: str = "none"
     # true: search each batch over the checkpoint's lexical shortlist of target pieces, when it stores one
@@ -505,6 +509,10 @@ def _regulariser_problems(data: Any, tok: Any) -> list[str]:
 
 def _decode_problems(cfg: Any) -> list[str]:
     problems = []
+    if cfg.get("workers", 0) < 0:
+        problems.append(
+            f"workers={cfg.workers}: expected an integer >= 0 (0 = one process per CPU thread, 1 = this process)"
+        )
     if cfg.beam_size is not None and cfg.beam_size < 1:
         problems.append(f"beam_size={cfg.beam_size}: expected an integer >= 1 (1 = greedy)")
     if cfg.n_best < 1 or (cfg.beam_size is not None and cfg.n_best > max(cfg.beam_size, 1)):

@@ -21,6 +21,7 @@ from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.errors import NmtError
 from nmt.runtime import check_outputs, load_translator
+from nmt.translator import workers
 
 log = logging.getLogger("nmt.evaluate")
 register_configs()
@@ -123,7 +124,8 @@ def main(cfg: DictConfig) -> None:
     pairs = load_pairs(CorpusSpec(cfg.input))
     tr = load_translator(cfg)
     sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
-    hyps = [t.text for t in tr.translate(sources)]
+    with workers(tr, cfg.workers) as tx:
+        hyps = [t.text for t in tx.translate(sources)]
     s = score(hyps, sources, refs)
     beam, alpha, stop = tr.search.beam_size, tr.search.alpha, tr.search.stop  # as given, else the checkpoint's (logged)
     s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=beam, length_penalty=alpha, stop=stop)
@@ -132,7 +134,8 @@ def main(cfg: DictConfig) -> None:
             same = {"checkpoint": cfg.baseline, "ensemble": [], "beam_size": beam, "length_penalty": alpha}
             same["stop"] = stop
             base_tr = load_translator(OmegaConf.merge(cfg, same))
-            base = [t.text for t in base_tr.translate(sources)]
+            with workers(base_tr, cfg.workers) as tx:
+                base = [t.text for t in tx.translate(sources)]
         else:
             base = Path(cfg.baseline).read_text(encoding="utf-8").splitlines()
         if len(base) != len(hyps):

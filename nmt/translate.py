@@ -24,7 +24,7 @@ from nmt.config import register_configs
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
-    from nmt.translator import Translation, Translator
+    from nmt.translator import Translation, Translator, Workers
 
 # Startup: only the launcher is imported up front, so `--help` and a config mistake answer without
 # loading torch; the model code (nmt.runtime) comes in when there is something to translate, and
@@ -102,7 +102,9 @@ class Sink:
         self.line += 1
 
 
-def translate_stream(tr: Translator, lines: Iterator[str], sink: Sink, batch_size: int, interactive: bool) -> int:
+def translate_stream(
+    tr: Translator | Workers, lines: Iterator[str], sink: Sink, batch_size: int, interactive: bool
+) -> int:
     """Translate in batches (or line by line when interactive); returns the number of lines."""
     buf: list[str] = []
     for line in lines:
@@ -114,7 +116,7 @@ def translate_stream(tr: Translator, lines: Iterator[str], sink: Sink, batch_siz
     return sink.line
 
 
-def _flush(tr: Translator, buf: list[str], sink: Sink) -> None:
+def _flush(tr: Translator | Workers, buf: list[str], sink: Sink) -> None:
     if buf:
         for t in tr.translate(buf, return_attention=sink.wants_attention):
             sink.write(t)
@@ -126,10 +128,12 @@ def main(cfg: DictConfig) -> None:
     if cfg.input and not Path(cfg.input).is_file():
         raise NmtError(f"{cfg.input}: input file not found")
     from nmt.runtime import check_outputs, load_translator
+    from nmt.translator import workers
 
     check_outputs(cfg.output, cfg.attention_out)
     tr = load_translator(cfg)
     with contextlib.ExitStack() as stack:
+        tx = stack.enter_context(workers(tr, cfg.workers, interactive=cfg.input is None))
         # errors="replace": a stray non-UTF-8 byte costs one character, not the run; newline="\n": only
         # \n ends a line (a stray \r inside a line must not make two outputs of one input).
         src = (
@@ -145,7 +149,8 @@ def main(cfg: DictConfig) -> None:
         if cfg.attention_out:
             sink.attention_out = stack.enter_context(open(cfg.attention_out, "w", encoding="utf-8"))
         odd: list[int] = []
-        n = translate_stream(tr, read_lines(src, odd), sink, cfg.batch_size, interactive=cfg.input is None)
+        # with several processes a read batch gives each of them batch_size lines
+        n = translate_stream(tx, read_lines(src, odd), sink, cfg.batch_size * tx.n, interactive=cfg.input is None)
         report_odd_lines(odd, cfg.input or "stdin")
     log.info("translated %d line%s%s", n, "" if n == 1 else "s", f" into {cfg.output}" if cfg.output else "")
 

@@ -7,8 +7,14 @@ selects checkpoints on is computed exactly the way users will translate.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import multiprocessing
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from nmt.data.batching import eval_batches
@@ -77,3 +83,94 @@ class Translator:
         self.model.train(was_training)
         empty = Translation("", Hypothesis([], 0.0, 0.0, None), [], [], [("", 0.0)])
         return [r if r is not None else empty for r in results]
+
+
+# ---- several processes (CPU) -------------------------------------------------------------------------------
+# Beam search on a CPU is many small steps: each has host work (top-k, bookkeeping, Python) that one thread does
+# while the other cores wait, and products too small to split well across threads. Translating shares of the
+# input in one-thread processes keeps every core busy instead (CTranslate2's inter_threads, Marian's
+# --cpu-threads): docs/benchmarks.md, run 11. The processes are forked once the model is loaded, so they share
+# its weights and start at once; each sets one thread (a forked child must not use its parent's OpenMP pool).
+
+_SHARED: Translator | None = None  # the translator the forked processes inherit
+
+
+def _worker_init() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends the pool
+    torch.set_num_threads(1)
+
+
+def _translate_share(args: tuple[list[str], bool]) -> list[Translation]:
+    texts, return_attention = args
+    out = _SHARED.translate(texts, return_attention)
+    # attention goes back by value (numpy), not through torch's shared-memory handles
+    return [replace(t, hypothesis=replace(t.hypothesis, attention=_to_numpy(t.hypothesis.attention))) for t in out]
+
+
+def _to_numpy(a: torch.Tensor | np.ndarray | None) -> np.ndarray | torch.Tensor | None:
+    return a.numpy() if isinstance(a, torch.Tensor) else torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+
+
+def resolve_workers(requested: int, device: torch.device, interactive: bool = False) -> tuple[int, str]:
+    """How many processes decode (the decoding commands' ``workers``), and why, for the log.
+
+    0 (auto): one per CPU thread torch would use (``threads``), on Linux CPUs, for file input; 1: this process
+    only. CUDA decodes in this process (one GPU is shared by batching, not by processes), and so does a line-by-
+    line stdin session or a platform without fork."""
+    if requested == 1:
+        return 1, "workers=1"
+    if device.type != "cpu":
+        return 1, f"workers apply to CPU decoding; {device.type} decodes in this process"
+    if interactive:
+        return 1, "stdin is answered line by line in this process"
+    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return 1, "decoding in several processes needs Linux (fork)"
+    n = requested or torch.get_num_threads()
+    how = "as given" if requested else "workers=auto: one per CPU thread"
+    return n, f"{n} processes of one thread each ({how}; workers=1 decodes in this process)"
+
+
+class Workers:
+    """``translate`` over ``n`` forked one-thread processes (n = 1: the translator itself, in this process):
+    each line goes to one process, in contiguous shares, and results come back in input order. Use as a
+    context manager; the processes end with it."""
+
+    def __init__(self, tr: Translator, n: int):
+        self.tr, self.n, self._pool = tr, max(1, n), None
+
+    def __enter__(self) -> Workers:
+        global _SHARED
+        if self.n > 1:
+            _SHARED = self.tr
+            self._pool = multiprocessing.get_context("fork").Pool(self.n, initializer=_worker_init)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _SHARED
+        if self._pool is not None:
+            # a clean exit lets the processes finish; an error or Ctrl-C stops them at once
+            self._pool.close() if exc[0] is None else self._pool.terminate()
+            self._pool.join()
+            self._pool, _SHARED = None, None
+
+    @property
+    def search(self) -> SearchOptions:
+        return self.tr.search
+
+    def translate(self, texts: list[str], return_attention: bool = False) -> list[Translation]:
+        if self._pool is None or len(texts) < 2:
+            return self.tr.translate(texts, return_attention)
+        size = -(-len(texts) // self.n)  # ceil: at most n shares
+        shares = [(texts[i : i + size], return_attention) for i in range(0, len(texts), size)]
+        out = [t for share in self._pool.map(_translate_share, shares) for t in share]
+        return [replace(t, hypothesis=replace(t.hypothesis, attention=_to_numpy(t.hypothesis.attention))) for t in out]
+
+
+@contextmanager
+def workers(tr: Translator, requested: int, interactive: bool = False) -> Iterator[Workers]:
+    """``Workers`` for the decoding commands' ``workers`` key (``resolve_workers``), with a log line."""
+    n, why = resolve_workers(requested, tr.device, interactive)
+    if n > 1 or requested > 1:
+        log.info("decoding in %s", why) if n > 1 else log.info("decoding in one process: %s", why)
+    with Workers(tr, n) as w:
+        yield w

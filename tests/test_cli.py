@@ -107,6 +107,13 @@ def test_decode_settings_are_checked_before_the_checkpoint_is_read(tmp_path):
     assert "n_best=3" in line and "beam_size=2" in line, line
 
 
+def test_a_negative_worker_count_is_refused_before_the_checkpoint_is_read(tmp_path):
+    proc = run_in(tmp_path, "nmt.evaluate", ["checkpoint=missing.pt", "input=missing.tsv", "workers=-1"])
+    assert proc.returncode == 2
+    (line,) = error_lines(proc)
+    assert "workers=-1" in line and ">= 0" in line, line
+
+
 def test_sweep_values_are_checked_before_any_job(tmp_path):
     proc = run_in(tmp_path, "nmt.train", ["-m", "trainer.amp=bf16,fp8", "attention=dot,nope"])
     assert proc.returncode == 2

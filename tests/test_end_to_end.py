@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import torch
+
 from helpers import TINY, run_module, source_file
 from nmt import checkpoint
 
@@ -69,6 +71,34 @@ def test_how_a_file_is_cut_into_batches_never_changes_the_translations(trained, 
         run_module("nmt.translate", args, cache)
         outs.append(out.read_text(encoding="utf-8").splitlines())
     assert outs[0] == outs[1] and len(outs[0]) == len(lines)
+
+
+def test_several_decoding_processes_give_the_same_translations(trained, tmp_path, sample_dir):
+    """workers=N splits a file's lines over N forked one-thread processes: the same n-best lists, scores and
+    attention matrices come back, in input order, as from one process; nmt.evaluate likewise."""
+    run, cache, _ = trained
+    lines, src = source_file(sample_dir, tmp_path, 45)
+    got = {}
+    for workers in (1, 3):
+        out, att = tmp_path / f"out{workers}.txt", tmp_path / f"att{workers}.jsonl"
+        args = [f"checkpoint={run}/checkpoints/best.pt", f"input={src}", f"output={out}", f"attention_out={att}"]
+        args += ["amp=none", "beam_size=3", "n_best=2", "batch_size=10", f"workers={workers}"]
+        proc = run_module("nmt.translate", args, cache)
+        assert ("decoding in 3 processes of one thread each" in proc.stderr) == (workers == 3), proc.stderr[-2000:]
+        got[workers] = (out.read_text(encoding="utf-8"), [json.loads(x) for x in att.read_text().splitlines()])
+    (text1, att1), (text3, att3) = got[1], got[3]
+    assert text1 == text3 and text1.count("\n\n") == len(lines)
+    assert [(r["line"], r["src"], r["tgt"]) for r in att1] == [(r["line"], r["src"], r["tgt"]) for r in att3]
+    assert [r["line"] for r in att1] == list(range(len(lines)))
+    for a, b in zip(att1, att3):  # one thread per process here, maybe more in one: the last bits may differ
+        assert torch.allclose(torch.tensor(a["attention"]), torch.tensor(b["attention"]), atol=1e-5)
+    scores = []
+    for workers in (1, 2):
+        js = tmp_path / f"scores{workers}.json"
+        args = [f"checkpoint={run}/checkpoints/best.pt", f"input={sample_dir}/test.tsv", "amp=none"]
+        run_module("nmt.evaluate", [*args, "beam_size=2", f"workers={workers}", f"json={js}"], cache)
+        scores.append(json.loads(js.read_text()))
+    assert scores[0]["bleu"] == scores[1]["bleu"] and scores[0]["chrf"] == scores[1]["chrf"]
 
 
 def test_evaluate_cli_reports_scores_with_signatures(trained, tmp_path, sample_dir):
