@@ -331,6 +331,7 @@ def compare_decoding(run: NmtRun, saved: list[dict], args) -> list[dict]:
     if args.device == "cpu":
         jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, quantize="int8", stop=args.decode_stop))
         jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop, amp="none"))
+        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop, workers=1))
     for job in jobs:
         job.trained = nmt
     for s in saved:

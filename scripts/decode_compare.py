@@ -7,9 +7,11 @@ start-up (imports, loading the checkpoint) counts as it does for a user.
 - nmt: ``python -m nmt.translate checkpoint=best.pt input=RAW output=OUT beam_size=5 stop=RULE``;
   raw text in, detokenised text out, with the default ``amp=auto`` (bf16 products where they are
   measured faster on this CPU). Once more with ``shortlist=true`` (row ``nmt shortlist``: the
-  checkpoint's vocabulary shortlist, nmt.shortlist), and on CPU twice more: ``amp=none`` (float32
-  products, row ``nmt float32``) and ``quantize=int8`` (row ``nmt int8``). RULE is the beam search's stopping rule
-  (``exact`` or ``early``, nmt.search), given to all.
+  checkpoint's vocabulary shortlist, nmt.shortlist), and on CPU three times more: ``amp=none`` (float32
+  products, row ``nmt float32``), ``quantize=int8`` (row ``nmt int8``) and ``workers=1`` (row
+  ``nmt 1 process``: by default a file is decoded in one one-thread process per CPU thread,
+  nmt.translator). RULE is the beam search's stopping rule (``exact`` or ``early``, nmt.search),
+  given to all.
 - OpenNMT-py and Joey NMT translate sentencepiece pieces, so their timed part is the three commands
   a user of theirs runs for the same job, one after another: ``peers/spm_pieces.py encode`` (nmt's
   own sentencepiece model, in the peer's venv), the translate command (OpenNMT-py
@@ -41,7 +43,8 @@ REPO = HERE.parent
 SPM_PIECES = HERE / "peers" / "spm_pieces.py"
 NMT, INT8, F32 = "nmt", "nmt int8", "nmt float32"  # the nmt rows (NMT: as a user runs it); the rest are peers
 SHORT = "nmt shortlist"  # shortlist=true: each batch over the checkpoint's vocabulary shortlist (nmt.shortlist)
-VARIANTS = (INT8, F32, SHORT)  # nmt rows compared with the NMT row (BLEU change, speed-up)
+ONE = "nmt 1 process"  # workers=1: the default search in one process (the default on CPU: one per CPU thread)
+VARIANTS = (INT8, F32, SHORT, ONE)  # nmt rows compared with the NMT row (BLEU change, speed-up)
 
 
 @dataclass
@@ -105,18 +108,20 @@ def nmt_job(
     stop: str = "exact",
     amp: str = "auto",
     shortlist: bool = False,
+    workers: int = 0,
 ) -> DecodeJob:
     """``python -m nmt.translate`` on raw text (this checkout's nmt, from the repository root); ``amp=none``
     is the float32 row, ``quantize=int8`` the int8 one, ``shortlist=True`` the one searching over the
-    checkpoint's vocabulary shortlist."""
+    checkpoint's vocabulary shortlist, ``workers=1`` the one decoding in a single process."""
     system = f"nmt {quantize}" if quantize != "none" else (F32 if amp == "none" else NMT)
-    system = SHORT if shortlist else system
+    system = SHORT if shortlist else ONE if workers == 1 else system
     hyp = out / f"{system.replace(' ', '_')}.b{beam}.txt"
     cmd = [sys.executable, "-m", "nmt.translate", f"checkpoint={checkpoint}", f"input={src}", f"output={hyp}"]
     cmd += [f"beam_size={beam}", f"stop={stop}", f"device={device}"]
     cmd += [f"quantize={quantize}"] if quantize != "none" else []
     cmd += [f"amp={amp}"] if amp != "auto" else []
     cmd += ["shortlist=true"] if shortlist else []
+    cmd += [f"workers={workers}"] if workers else []
     timed = f"python -m nmt.translate stop={stop} (raw text in, detokenised text out)"
     return DecodeJob(system, beam, [Step(cmd)], hyp, timed, env={"PYTHONPATH": str(REPO)})
 

@@ -147,3 +147,10 @@ def test_nmt_jobs_and_a_peer_pipeline_decode_end_to_end(bench_checkpoint, sample
     assert f"translate alone: echo {rows[3]['translate_s']:.1f} s" in said
     assert "nmt: python -m nmt.translate stop=exact" in said
     assert "stop=early" in jobs[1].steps[0].cmd and "stop=exact" in jobs[0].steps[0].cmd
+
+
+def test_the_one_process_row_runs_the_default_search_with_workers_1(tmp_path):
+    job = decode_compare.nmt_job(tmp_path / "best.pt", tmp_path / "src.txt", tmp_path, 5, workers=1)
+    assert job.system == decode_compare.ONE and "workers=1" in job.steps[0].cmd
+    default = decode_compare.nmt_job(tmp_path / "best.pt", tmp_path / "src.txt", tmp_path, 5)
+    assert default.system == decode_compare.NMT and not any(a.startswith("workers=") for a in default.steps[0].cmd)
