@@ -11,6 +11,8 @@ import multiprocessing
 import signal
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -19,6 +21,7 @@ import torch
 
 from nmt.data.batching import eval_batches
 from nmt.data.tokenizer import Tokenizer
+from nmt.errors import NmtError
 from nmt.search import Hypothesis, Searchable, SearchOptions, beam_search
 from nmt.shortlist import Shortlist
 
@@ -96,12 +99,13 @@ _SHARED: Translator | None = None  # the translator the forked processes inherit
 
 
 def _worker_init() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends the pool
-    torch.set_num_threads(1)
+    # Ctrl-C at a terminal reaches every process of the group: a worker ends at once, silently, and the parent
+    # (which gets it too) stops as it always has.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    torch.set_num_threads(1)  # and never touches its parent's OpenMP pool, which did not survive the fork
 
 
-def _translate_share(args: tuple[list[str], bool]) -> list[Translation]:
-    texts, return_attention = args
+def _translate_share(texts: list[str], return_attention: bool) -> list[Translation]:
     out = _SHARED.translate(texts, return_attention)
     # attention goes back by value (numpy), not through torch's shared-memory handles
     return [replace(t, hypothesis=replace(t.hypothesis, attention=_to_numpy(t.hypothesis.attention))) for t in out]
@@ -133,7 +137,8 @@ def resolve_workers(requested: int, device: torch.device, interactive: bool = Fa
 class Workers:
     """``translate`` over ``n`` forked one-thread processes (n = 1: the translator itself, in this process):
     each line goes to one process, in contiguous shares, and results come back in input order. Use as a
-    context manager; the processes end with it."""
+    context manager; the processes end with it. A process that dies (out of memory, killed) ends the command
+    with an NmtError instead of leaving it waiting."""
 
     def __init__(self, tr: Translator, n: int):
         self.tr, self.n, self._pool = tr, max(1, n), None
@@ -142,15 +147,15 @@ class Workers:
         global _SHARED
         if self.n > 1:
             _SHARED = self.tr
-            self._pool = multiprocessing.get_context("fork").Pool(self.n, initializer=_worker_init)
+            ctx = multiprocessing.get_context("fork")
+            self._pool = ProcessPoolExecutor(self.n, mp_context=ctx, initializer=_worker_init)
         return self
 
     def __exit__(self, *exc) -> None:
         global _SHARED
         if self._pool is not None:
-            # a clean exit lets the processes finish; an error or Ctrl-C stops them at once
-            self._pool.close() if exc[0] is None else self._pool.terminate()
-            self._pool.join()
+            # after an error here, shares not yet started are dropped (Ctrl-C at a terminal ends the workers too)
+            self._pool.shutdown(wait=exc[0] is None, cancel_futures=True)
             self._pool, _SHARED = None, None
 
     @property
@@ -161,8 +166,15 @@ class Workers:
         if self._pool is None or len(texts) < 2:
             return self.tr.translate(texts, return_attention)
         size = -(-len(texts) // self.n)  # ceil: at most n shares
-        shares = [(texts[i : i + size], return_attention) for i in range(0, len(texts), size)]
-        out = [t for share in self._pool.map(_translate_share, shares) for t in share]
+        shares = [texts[i : i + size] for i in range(0, len(texts), size)]
+        try:
+            done = list(self._pool.map(_translate_share, shares, [return_attention] * len(shares)))
+        except BrokenProcessPool:
+            raise NmtError(
+                f"a decoding process died (out of memory, or killed); workers=1 decodes in this process, "
+                f"workers=N in N (now {self.n})"
+            ) from None
+        out = [t for share in done for t in share]
         return [replace(t, hypothesis=replace(t.hypothesis, attention=_to_numpy(t.hypothesis.attention))) for t in out]
 
 
