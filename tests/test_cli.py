@@ -163,3 +163,14 @@ def test_validate_keeps_plain_strings_and_reports_each_key():
     assert len(lines) == 4, lines
     assert any("attention.name='dott'" in x and "scaled_dot" in x for x in lines)
     assert any("trainer.accum_steps=0" in x for x in lines) and any("data.num_workers=3" in x for x in lines)
+
+
+def test_only_single_runs_of_commands_without_a_run_directory_skip_hydras_run():
+    from nmt.cli import COMMANDS, runs_in_place
+
+    assert runs_in_place(COMMANDS["translate"], ["checkpoint=a.pt", "beam_size=3"])
+    assert runs_in_place(COMMANDS["evaluate"], ["checkpoint=a.pt", "input=t.tsv"])
+    assert not runs_in_place(COMMANDS["train"], ["trainer.max_steps=5"])  # a run directory: Hydra's
+    assert not runs_in_place(COMMANDS["translate"], ["-m", "checkpoint=a.pt", "beam_size=1,5"])  # a sweep
+    assert not runs_in_place(COMMANDS["translate"], ["checkpoint=a.pt", "hydra.run.dir=x"])
+    assert not runs_in_place(COMMANDS["translate"], ["checkpoint=a.pt", "hydra/job_logging=disabled"])

@@ -53,6 +53,21 @@ def test_translate_cli_gives_one_line_per_input_line(trained, tmp_path):
     assert len(piped.stdout.split("\n")) == 4 and piped.stdout.split("\n")[1] == ""
 
 
+def test_translate_runs_alike_with_and_without_hydras_run_machinery(trained):
+    """A single nmt.translate runs its task on the checked config directly (nmt.cli.runs_in_place); a hydra.*
+    override sends it through Hydra's main as before: the same translations and the same log lines."""
+    run, cache, _ = trained
+    args, text = [f"checkpoint={run}/checkpoints/best.pt", "beam_size=2"], "Tom is here.\nI like cats.\n"
+    direct = run_module("nmt.translate", args, cache, stdin=text)
+    via_hydra = run_module("nmt.translate", [*args, "hydra.job.name=translate"], cache, stdin=text)
+    assert direct.stdout == via_hydra.stdout and len(direct.stdout.splitlines()) == 2
+
+    def messages(proc):  # "[time][logger][LEVEL] - message" without the time
+        return [line.split("]", 1)[1] for line in proc.stderr.splitlines() if line.startswith("[")]
+
+    assert messages(direct) == messages(via_hydra) and "[nmt.translate][INFO] - translated 2 lines" in messages(direct)
+
+
 def test_how_a_file_is_cut_into_batches_never_changes_the_translations(trained, tmp_path, sample_dir):
     """translate reads a file in batch_size lines (default 1000) and sorts each batch by length into
     searches; the same lines come out, in order, whatever the cut (and in the same order as given)."""
