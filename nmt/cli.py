@@ -11,9 +11,10 @@ the command line with Hydra's compose API and stops with one line per mistake, e
 Only then does it hand over to Hydra's main, so ``hydra.run.dir``, ``-m`` sweeps, launchers, ``--cfg``
 and ``--hydra-help`` work as before. A single run of a command that makes no run directory (translate,
 evaluate, average, serve; ``runs_in_place``) runs its task on the checked config instead, with the same
-console logging, sparing Hydra's second composition and run set-up. A sweep's swept values are checked against the choice table here,
-its fixed overrides composed and validated, and every job is validated again as it starts. An
-``NmtError`` raised inside a command ends it the same way: one line, exit 2, no traceback.
+console logging, sparing Hydra's second composition and run set-up. A sweep's swept values are checked
+against the choice table here, its fixed overrides composed and validated, and every job is validated
+again as it starts. An ``NmtError`` raised inside a command ends it the same way: one line, exit 2, no
+traceback.
 """
 
 from __future__ import annotations

@@ -115,12 +115,16 @@ def _to_numpy(a: torch.Tensor | np.ndarray | None) -> np.ndarray | torch.Tensor 
     return a.numpy() if isinstance(a, torch.Tensor) else torch.from_numpy(a) if isinstance(a, np.ndarray) else a
 
 
+AUTO_MAX = 8  # workers=auto forks at most this many processes (one per CPU thread), else keeps one
+
+
 def resolve_workers(requested: int, device: torch.device, interactive: bool = False) -> tuple[int, str]:
     """How many processes decode (the decoding commands' ``workers``), and why, for the log.
 
-    0 (auto): one per CPU thread torch would use (``threads``), on Linux CPUs, for file input; 1: this process
-    only. CUDA decodes in this process (one GPU is shared by batching, not by processes), and so does a line-by-
-    line stdin session or a platform without fork."""
+    0 (auto): one per CPU thread torch would use (``threads``), on Linux CPUs, for file input, up to AUTO_MAX
+    threads; above that, one process with all of them, as before (many processes multiply the search's memory,
+    and only 2 cores were measured). 1: this process only. CUDA decodes in this process (one GPU is shared by
+    batching, not by processes), and so does a line-by-line stdin session or a platform without fork."""
     if requested == 1:
         return 1, "workers=1"
     if device.type != "cpu":
@@ -130,6 +134,8 @@ def resolve_workers(requested: int, device: torch.device, interactive: bool = Fa
     if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
         return 1, "decoding in several processes needs Linux (fork)"
     n = requested or torch.get_num_threads()
+    if not requested and n > AUTO_MAX:
+        return 1, f"workers=auto uses one process above {AUTO_MAX} CPU threads ({n}); workers=N sets N"
     how = "as given" if requested else "workers=auto: one per CPU thread"
     return n, f"{n} processes of one thread each ({how}; workers=1 decodes in this process)"
 

@@ -11,7 +11,7 @@ import torch
 
 from nmt.errors import NmtError
 from nmt.search import Hypothesis
-from nmt.translator import Translation, Workers, resolve_workers
+from nmt.translator import AUTO_MAX, Translation, Workers, resolve_workers
 
 
 def test_auto_is_one_process_per_cpu_thread_for_files_on_linux(monkeypatch):
@@ -22,6 +22,10 @@ def test_auto_is_one_process_per_cpu_thread_for_files_on_linux(monkeypatch):
     else:
         assert n == 1 and "Linux" in why
     assert resolve_workers(1, torch.device("cpu"))[0] == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: AUTO_MAX + 1)  # a big machine: one process, as before
+    assert resolve_workers(0, torch.device("cpu"))[0] == 1
+    if sys.platform.startswith("linux"):
+        assert resolve_workers(AUTO_MAX + 1, torch.device("cpu"))[0] == AUTO_MAX + 1  # asked for: given
 
 
 def test_stdin_and_gpus_decode_in_one_process():
