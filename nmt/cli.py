@@ -292,7 +292,7 @@ IN_PLACE = ("translate", "evaluate", "average", "serve")
 def runs_in_place(cmd: Command, argv: Sequence[str]) -> bool:
     """True when the command can run its task on the preflight's config without Hydra's run machinery: a
     command of IN_PLACE, one run (no -m), no hydra.* override. Saves Hydra composing the config again and
-    setting up a run (~0.25 s of a one-line nmt.translate's ~1.9 s: docs/benchmarks.md, run 11)."""
+    setting up a run (0.12 s of a one-line nmt.translate's 1.70 s, medians: docs/benchmarks.md, run 11)."""
     return cmd.name in IN_PLACE and not any(
         a in ("-m", "--multirun") or a.lstrip("+~").startswith("hydra") for a in argv
     )

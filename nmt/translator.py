@@ -106,13 +106,17 @@ def _worker_init() -> None:
 
 
 def _translate_share(texts: list[str], return_attention: bool) -> list[Translation]:
-    out = _SHARED.translate(texts, return_attention)
     # attention goes back by value (numpy), not through torch's shared-memory handles
-    return [replace(t, hypothesis=replace(t.hypothesis, attention=_to_numpy(t.hypothesis.attention))) for t in out]
+    return _swap_attention(_SHARED.translate(texts, return_attention))
 
 
-def _to_numpy(a: torch.Tensor | np.ndarray | None) -> np.ndarray | torch.Tensor | None:
-    return a.numpy() if isinstance(a, torch.Tensor) else torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+def _swap_attention(out: list[Translation]) -> list[Translation]:
+    """Attention matrices tensor -> numpy (in a worker) and numpy -> tensor (back in the parent)."""
+
+    def swap(a: torch.Tensor | np.ndarray | None) -> np.ndarray | torch.Tensor | None:
+        return a.numpy() if isinstance(a, torch.Tensor) else torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+
+    return [replace(t, hypothesis=replace(t.hypothesis, attention=swap(t.hypothesis.attention))) for t in out]
 
 
 AUTO_MAX = 8  # workers=auto forks at most this many processes (one per CPU thread), else keeps one
@@ -180,15 +184,16 @@ class Workers:
                 f"a decoding process died (out of memory, or killed); workers=1 decodes in this process, "
                 f"workers=N in N (now {self.n})"
             ) from None
-        out = [t for share in done for t in share]
-        return [replace(t, hypothesis=replace(t.hypothesis, attention=_to_numpy(t.hypothesis.attention))) for t in out]
+        return _swap_attention([t for share in done for t in share])
 
 
 @contextmanager
 def workers(tr: Translator, requested: int, interactive: bool = False) -> Iterator[Workers]:
     """``Workers`` for the decoding commands' ``workers`` key (``resolve_workers``), with a log line."""
     n, why = resolve_workers(requested, tr.device, interactive)
-    if n > 1 or requested > 1:
-        log.info("decoding in %s", why) if n > 1 else log.info("decoding in one process: %s", why)
+    if n > 1:
+        log.info("decoding in %s", why)
+    elif requested > 1:
+        log.info("decoding in one process: %s", why)
     with Workers(tr, n) as w:
         yield w
