@@ -168,10 +168,6 @@ class Workers:
             self._pool.shutdown(wait=exc[0] is None, cancel_futures=True)
             self._pool, _SHARED = None, None
 
-    @property
-    def search(self) -> SearchOptions:
-        return self.tr.search
-
     def translate(self, texts: list[str], return_attention: bool = False) -> list[Translation]:
         if self._pool is None or len(texts) < 2:
             return self.tr.translate(texts, return_attention)
