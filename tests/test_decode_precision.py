@@ -13,7 +13,7 @@ from helpers import run_module, source_file
 from nmt.calibrate import decode_dtype
 from nmt.config import DecodeConfig, TranslateConfig, validate
 from nmt.errors import ConfigError
-from nmt.models.rnn import CastLinear
+from nmt.models.rnn import CastLinear, StepLinear
 from nmt.runtime import load_translator
 from nmt.search import SearchOptions, beam_search
 
@@ -95,9 +95,11 @@ def test_search_step_runs_the_projection_in_the_models_product_dtype(order, cell
 
 @pytest.mark.parametrize("order", ["bahdanau", "luong"])
 def test_search_casts_the_decoders_layers_once_and_training_keeps_the_modules(order, seeded):
-    """With bf16 products, a search's readout/combine and vocabulary products are cast once when the
-    search starts (CastLinear, bf16 weights) and carried through every step and beam reordering; a
-    training pass (gradients on) and float32 decoding use the layers themselves, so neither changes."""
+    """With bf16 products, a search's readout/combine, attention and vocabulary products are cast once
+    when the search starts (CastLinear, bf16 weights) and carried through every step and beam
+    reordering; a training pass (gradients on) makes the readout/combine and attention products as the
+    RNN's step loops do (StepLinear: bf16, one weight gradient per pass) and keeps the vocabulary
+    projection's module (Decoder.logits); float32 decoding uses the layers themselves."""
     model = tiny_model(order, "gru", True, layers=1, rnn_impl="loop")
     dec, b = model.decoder, random_batch()
     model.set_matmul_dtype(torch.bfloat16)
@@ -107,13 +109,21 @@ def test_search_casts_the_decoders_layers_once_and_training_keeps_the_modules(or
         assert isinstance(made.read, CastLinear) and isinstance(made.out, CastLinear)
         assert made.read.w.dtype == made.out.w.dtype == torch.bfloat16
         assert torch.equal(made.out.w, dec.out.weight.to(torch.bfloat16))
+        names = dec.attention.products
+        assert names and all(isinstance(state.attn.products[n], CastLinear) for n in names)
+        attn = state.attn.products
         _, state, _ = dec.step(b.tgt_in[:, 0], state)
         assert state.weights is made and state.index_select(torch.tensor([1, 0])).weights is made
+        assert state.attn.products is attn and state.index_select(torch.tensor([1, 0])).attn.products is attn
     train_state = model.start(b.src, b.src_len)
-    assert train_state.weights.read is dec.read_layer() and train_state.weights.out == dec.logits
+    assert isinstance(train_state.weights.read, StepLinear) and train_state.weights.read.w.dtype == torch.bfloat16
+    assert train_state.weights.out == dec.logits
+    assert all(isinstance(train_state.attn.products[n], StepLinear) for n in names)
     model.set_matmul_dtype(None)
     with torch.no_grad():
-        assert model.start(b.src, b.src_len).weights.read is dec.read_layer()
+        state = model.start(b.src, b.src_len)
+        assert state.weights.read is dec.read_layer()
+        assert all(state.attn.products[n] is getattr(dec.attention, n) for n in names)
 
 
 @pytest.mark.parametrize(

@@ -188,8 +188,8 @@ def test_one_weight_gradient_per_pass_matches_per_step_autograd(order, cell, fee
 
 @pytest.mark.parametrize("order,cell,feed", CASES)
 def test_bf16_decoder_products_match_float32_loss_and_gradients(order, cell, feed, seeded):
-    """The CPU fast path (vocabulary projection and both RNNs' step-loop GEMMs in bf16) stays within
-    bf16 rounding of float32."""
+    """The CPU fast path (vocabulary projection, both RNNs' step-loop GEMMs, the readout / combine and the
+    attention's projections in bf16) stays within bf16 rounding of float32."""
     model = tiny_model(order, cell, feed, layers=2, rnn_impl="loop").train()
     b = random_batch()
     loss32, g32 = loss_and_grads(model, b)
@@ -198,6 +198,8 @@ def test_bf16_decoder_products_match_float32_loss_and_gradients(order, cell, fee
     assert model.decoder.logits(torch.ones(1, 1, model.decoder.out_size)).dtype == torch.bfloat16
     assert model.decoder.rnn.step_weights().hh[0].w.dtype == torch.bfloat16
     assert model.encoder.rnn.matmul_dtype == torch.bfloat16
+    dec = model.decoder
+    assert dec.linear(dec.read_layer()).w.dtype == dec.linear(dec.attention.W_q).w.dtype == torch.bfloat16
     assert loss16 != loss32  # the fast path really ran in bf16
     torch.testing.assert_close(loss16, loss32, rtol=1e-2, atol=1e-2)
     assert g16.keys() == g32.keys()

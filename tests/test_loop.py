@@ -78,3 +78,40 @@ def test_under_autocast_as_on_cuda():
         y = lin(ctx) + recurrence(w, None, x0, h0, True)
     (g,) = torch.autograd.grad(y.float().sum(), [w])
     assert g.dtype == torch.float32 and torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_mask_dropout_is_inverted_bernoulli_dropout(p):
+    """The loop path's dropout (MaskDropout): about p of the values zeroed, the rest scaled by 1/(1-p)
+    exactly, the gradient the same scaled mask; identity in eval mode and at p = 0."""
+    torch.manual_seed(0)
+    drop = loop.MaskDropout(p).train()
+    x = torch.rand(400, 500) + 0.5  # no zeros of its own
+    x.requires_grad_(True)
+    y = drop(x)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - p) < 0.005  # 200,000 draws: ~0.001 standard error
+    torch.testing.assert_close(y[kept], x[kept] / (1 - p), rtol=1e-6, atol=0)
+    (g,) = torch.autograd.grad((y * 3).sum(), x)
+    torch.testing.assert_close(g, kept.float() * 3 / (1 - p))
+    # positions are independent: the kept share in each row and each column is near 1 - p too
+    assert (kept.float().mean(1) - (1 - p)).abs().max() < 0.1 and (kept.float().mean(0) - (1 - p)).abs().max() < 0.1
+    assert drop.eval()(x) is x and loop.MaskDropout(0.0).train()(x) is x
+
+
+def test_mask_dropout_follows_the_seed_and_differs_between_calls():
+    drop, x = loop.MaskDropout(0.2).train(), torch.ones(64, 33)
+    torch.manual_seed(5)
+    a, b = drop(x), drop(x)
+    torch.manual_seed(5)
+    assert torch.equal(drop(x), a) and not torch.equal(a, b)
+
+
+def test_dropout_layers_come_from_the_rnn_implementation():
+    """``loop`` (the CPU fast path) builds MaskDropout layers, the plain ``eager`` and ``cudnn`` nn.Dropout."""
+    from test_decoder import tiny_model
+
+    for impl, kind in [("loop", loop.MaskDropout), ("eager", torch.nn.Dropout), ("cudnn", torch.nn.Dropout)]:
+        model = tiny_model("luong", "gru", False, layers=2, rnn_impl=impl)
+        layers = [model.encoder.emb_dropout, model.encoder.dropout, model.decoder.dropout, model.decoder.rnn.drop]
+        assert all(type(m) is kind for m in layers), impl

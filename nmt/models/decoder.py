@@ -25,7 +25,7 @@ from nmt.data.tokenizer import PAD
 from nmt.errors import ConfigError
 from nmt.models.attention import Attention, AttentionState
 from nmt.models.encoder import EncoderOutput, check_cell
-from nmt.models.rnn import RNN, CastLinear, RNNState, StepWeights
+from nmt.models.rnn import RNN, CastLinear, RNNState, StepWeights, dropout_layer
 
 
 @dataclass
@@ -113,8 +113,8 @@ class Decoder(nn.Module):
         self.emb_size, self.hidden_size, self.layers = emb_size, hidden_size, layers
         self.key_size, self.out_size = key_size, out_size
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
-        self.emb_dropout = nn.Dropout(dropout if emb_dropout is None else emb_dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.emb_dropout = dropout_layer(dropout if emb_dropout is None else emb_dropout, rnn_impl)
+        self.dropout = dropout_layer(dropout, rnn_impl)
         self.rnn = RNN(cell, emb_size + extra_input, hidden_size, layers, dropout, False, rnn_impl, layer_norm)
         self.attention = attention
         self.out = nn.Linear(out_size, vocab_size)
@@ -144,31 +144,43 @@ class Decoder(nn.Module):
         """The layer between the RNN/attention and the output projection (readout or combine)."""
         raise NotImplementedError
 
+    def linear(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """One of the decoder's own layers (readout / combine, the attention's projections) as this pass
+        computes it. With a product dtype set (Seq2Seq.set_matmul_dtype: bf16 on CPUs with matrix units),
+        an ``nn.Linear`` becomes its product in that dtype with a float32 result: in training made by the
+        RNN's implementation (``loop``: nmt.models.rnn.StepLinear, one weight cast and one weight gradient
+        per pass however many steps use it; ``eager``: EagerLinear), in a search cast once (CastLinear).
+        Otherwise (float32, or an int8 layer of nmt.models.quant) the layer itself."""
+        dtype = self.rnn.matmul_dtype
+        if dtype is None or type(layer) is not nn.Linear:
+            return layer
+        if torch.is_grad_enabled():
+            return self.rnn.linear(layer)
+        return CastLinear(layer.weight, layer.bias, dtype, torch.float32)
+
     def pass_products(self, vocab: torch.Tensor | None = None) -> PassProducts:
-        """This pass's products (PassProducts): cast once to the RNN's product dtype when no gradient is
-        being recorded (search, validation) and that dtype is set; the modules themselves otherwise
-        (training, float32, or int8 layers put in by nmt.models.quant). ``vocab`` (sorted target ids, a
-        search's shortlist: nmt.shortlist) restricts the vocabulary projection to those rows, so logits
-        come out [.., len(vocab)]."""
-        rnn, read, dtype = self.rnn.step_weights(split=self.emb_size), self.read_layer(), self.rnn.matmul_dtype
+        """This pass's products (PassProducts): the readout / combine as ``linear`` makes it; the vocabulary
+        projection cast once to the RNN's product dtype when no gradient is being recorded (search,
+        validation) and that dtype is set, ``Decoder.logits`` otherwise (training, float32, or int8 layers
+        put in by nmt.models.quant). ``vocab`` (sorted target ids, a search's shortlist: nmt.shortlist)
+        restricts the vocabulary projection to those rows, so logits come out [.., len(vocab)]."""
+        rnn, read, dtype = self.rnn.step_weights(self.emb_size), self.linear(self.read_layer()), self.rnn.matmul_dtype
         if vocab is not None and torch.is_grad_enabled():
             raise ValueError("a vocabulary shortlist is for search only (no gradients through it)")
         if dtype is None or torch.is_grad_enabled():
             return PassProducts(rnn, read, self.logits if vocab is None else output_rows(self.out, vocab, None))
-
-        def cast(layer: nn.Module, out_dtype: torch.dtype | None) -> Callable[[torch.Tensor], torch.Tensor]:
-            return CastLinear(layer.weight, layer.bias, dtype, out_dtype) if type(layer) is nn.Linear else layer
-
-        # Readout / combine come back in float32 (state and gate maths stay float32); logits in the
-        # product dtype, as Decoder.logits gives them.
-        out = cast(self.out, None) if vocab is None else output_rows(self.out, vocab, dtype)
-        return PassProducts(rnn, cast(read, torch.float32), out)
+        # Logits in the product dtype, as Decoder.logits gives them (an int8 layer makes its own product).
+        if vocab is not None:
+            return PassProducts(rnn, read, output_rows(self.out, vocab, dtype))
+        out = CastLinear(self.out.weight, self.out.bias, dtype) if type(self.out) is nn.Linear else self.out
+        return PassProducts(rnn, read, out)
 
     # ---- interface ----
     def init_state(self, enc: EncoderOutput, vocab: torch.Tensor | None = None) -> DecoderState:
         """The state a pass starts from; ``vocab``: a search's shortlist (``pass_products``)."""
         # The RNN's layer-0 input is split embedding | context (Bahdanau) or fed vector (Luong).
-        return DecoderState(enc.state, self.attention.prepare(enc.keys, enc.mask), self.pass_products(vocab))
+        attn = self.attention.prepare(enc.keys, enc.mask, self.linear)
+        return DecoderState(enc.state, attn, self.pass_products(vocab))
 
     def step(self, y_prev: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState, torch.Tensor]:
         """y_prev [B] → (logits [B, V], new state, attention weights [B, S])."""
@@ -266,7 +278,7 @@ class BahdanauDecoder(Decoder):
             hs.append(top(state.hidden))
         # Readout and output projection once, over all steps (stacked once, for the same reason).
         hs, ctxs = torch.stack(hs, 1), torch.stack(ctxs, 1)  # [B, T, H], [B, T, K]
-        return self.logits(self._readout(hs, ctxs, emb)), torch.stack(ws, 1)
+        return self.logits(self._readout(hs, ctxs, emb, state.weights.read)), torch.stack(ws, 1)
 
 
 class LuongDecoder(Decoder):
@@ -335,8 +347,9 @@ class LuongDecoder(Decoder):
         if not self.input_feeding and self.attention.parallel:
             # Nothing depends on the previous output: one RNN call over all steps, then
             # attention for all steps as batched matrix products.
-            h, _ = self.rnn(emb, enc.state)  # [B, T, H]
-            att, ws = self._attend(h, self.attention.prepare(enc.keys, enc.mask))
+            h, _ = self.rnn.sequence(emb, enc.state)  # [B, T, H]
+            attn = self.attention.prepare(enc.keys, enc.mask, self.linear)
+            att, ws = self._attend(h, attn, self.linear(self.combine))
             return self.logits(att), ws
         state = self.init_state(enc)
         atts, ws = [], []

@@ -9,7 +9,7 @@ from torch import nn
 
 from nmt.data.tokenizer import PAD
 from nmt.errors import ConfigError
-from nmt.models.rnn import CELLS, RNN, RNNState
+from nmt.models.rnn import CELLS, RNN, RNNState, dropout_layer
 
 
 @dataclass
@@ -72,8 +72,8 @@ class Encoder(nn.Module):
         super().__init__()
         self.lstm = check_cell(cell, "encoder.cell") == "lstm"
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
-        self.emb_dropout = nn.Dropout(dropout if emb_dropout is None else emb_dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.emb_dropout = dropout_layer(dropout if emb_dropout is None else emb_dropout, rnn_impl)
+        self.dropout = dropout_layer(dropout, rnn_impl)
         self.rnn = RNN(cell, emb_size, hidden_size, layers, dropout, True, rnn_impl, layer_norm)
         # An LSTM decoder needs a cell state: a GRU encoder's h serves as the source for both.
         self.dec_lstm = dec_cell == "lstm"

@@ -11,10 +11,15 @@ that need neither return the state untouched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
+
+# One pass's products of an attention's linear layers, by layer name (``Attention.products``): made
+# by the decoder once per pass (nmt.models.decoder.Decoder.linear), used at every step.
+Products = dict[str, Callable[[torch.Tensor], torch.Tensor]]
 
 
 @dataclass
@@ -24,12 +29,18 @@ class AttentionState:
     mask: torch.Tensor  # [B, S] True at real (non-pad) positions
     t: int = 0  # target position of the next query
     coverage: torch.Tensor | None = None  # [B, S] attention received so far (coverage models only)
+    products: Products = field(default_factory=dict)  # this pass's products (Attention.linear); batch-independent
 
     def index_select(self, idx: torch.Tensor) -> AttentionState:
         """Reorder/expand along the batch (beam search)."""
         cov = None if self.coverage is None else self.coverage.index_select(0, idx)
         return AttentionState(
-            self.keys.index_select(0, idx), self.proj.index_select(0, idx), self.mask.index_select(0, idx), self.t, cov
+            self.keys.index_select(0, idx),
+            self.proj.index_select(0, idx),
+            self.mask.index_select(0, idx),
+            self.t,
+            cov,
+            self.products,
         )
 
     def reorder_beams(self, idx: torch.Tensor) -> AttentionState:
@@ -54,12 +65,22 @@ class Attention(nn.Module):
 
     parallel = True  # all target positions can be scored at once (False: step t needs step t-1's weights)
     tracks_coverage = False
+    # The nn.Linear layers (by attribute name) whose products are matrix products worth making once per
+    # pass: the decoder makes them in its product dtype (bf16 on CPUs with matrix units) with one weight
+    # gradient per pass (``prepare``'s ``linear``). Layers not named here (a [.., D] → 1 score vector, a
+    # tiny coverage map) run as themselves.
+    products: tuple[str, ...] = ()
 
     def __init__(self, query_size: int, key_size: int, dim: int):
         super().__init__()
         self.query_size, self.key_size, self.dim = query_size, key_size, dim
 
-    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
+    def linear(self, name: str, products: Products) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The layer ``name`` as this pass computes it: its per-pass product when the decoder made one
+        (``products``, from ``prepare``), else the layer itself."""
+        return products.get(name) or getattr(self, name)
+
+    def project_keys(self, keys: torch.Tensor, products: Products) -> torch.Tensor:
         """[B, S, K] → [B, S, *]: the key-side part of the score, computed once per batch."""
         return keys
 
@@ -76,9 +97,14 @@ class Attention(nn.Module):
         """weights [B, T, S] → context [B, T, K]."""
         return torch.bmm(weights, state.keys)
 
-    def prepare(self, keys: torch.Tensor, mask: torch.Tensor) -> AttentionState:
+    def prepare(
+        self, keys: torch.Tensor, mask: torch.Tensor, linear: Callable[[nn.Linear], Callable] | None = None
+    ) -> AttentionState:
+        """The state of a pass over ``keys`` [B, S, K] (``mask`` [B, S]). ``linear`` makes a layer's per-pass
+        product (nmt.models.decoder.Decoder.linear); without it every layer runs as itself."""
+        products = {name: linear(getattr(self, name)) for name in self.products} if linear else {}
         cov = keys.new_zeros(mask.shape) if self.tracks_coverage else None
-        return AttentionState(keys, self.project_keys(keys), mask, 0, cov)
+        return AttentionState(keys, self.project_keys(keys, products), mask, 0, cov, products)
 
     def forward(self, query: torch.Tensor, state: AttentionState) -> tuple[torch.Tensor, torch.Tensor]:
         """query [B, H] or [B, T, H] → (context [B, (T,) K], weights [B, (T,) S])."""

@@ -30,5 +30,5 @@ class CoverageAttention(BahdanauAttention):
         if query.size(1) != 1:
             raise RuntimeError("coverage attention scores one step at a time (its decoder runs a step loop)")
         keys = state.proj + self.V(state.coverage.unsqueeze(-1))  # [B, S, D]: U a_j + V C_{i-1,j}
-        q = self.W_q(query)  # [B, 1, D]
+        q = self.linear("W_q", state.products)(query)  # [B, 1, D]
         return self.v(torch.tanh(q.unsqueeze(2) + keys.unsqueeze(1))).squeeze(-1)  # [B, 1, S]

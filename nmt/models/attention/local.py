@@ -34,8 +34,8 @@ class LocalAttention(Attention):
         self.inner = inner(query_size, key_size, dim)
         self.window, self.sigma = window, window / 2.0
 
-    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
-        return self.inner.project_keys(keys)
+    def project_keys(self, keys: torch.Tensor, products) -> torch.Tensor:
+        return self.inner.project_keys(keys, products)  # the inner score's layers, as themselves
 
     def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
         return self.inner.score(query, state)

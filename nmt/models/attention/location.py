@@ -18,13 +18,15 @@ from nmt.models.attention.registry import register
 
 @register("location")
 class LocationAttention(Attention):
+    products = ("W",)
+
     def __init__(self, query_size: int, key_size: int, dim: int, max_positions: int = 256):
         super().__init__(query_size, key_size, dim)
         self.W = nn.Linear(query_size, max_positions)
 
     def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
         S = state.mask.size(1)
-        scores = self.W(query)  # [B, T, max_positions]
+        scores = self.linear("W", state.products)(query)  # [B, T, max_positions]
         if S <= scores.size(-1):
             return scores[..., :S]
         return F.pad(scores, (0, S - scores.size(-1)), value=float("-inf"))

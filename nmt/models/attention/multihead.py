@@ -18,6 +18,8 @@ from nmt.models.attention.registry import register
 
 @register("multihead")
 class MultiHeadAdditiveAttention(Attention):
+    products = ("W_q", "W_k", "W_o")
+
     def __init__(self, query_size: int, key_size: int, dim: int, heads: int = 4):
         super().__init__(query_size, key_size, dim)
         if heads < 1 or dim % heads:
@@ -29,14 +31,14 @@ class MultiHeadAdditiveAttention(Attention):
         nn.init.uniform_(self.v, -0.1, 0.1)
         self.W_o = nn.Linear(heads * key_size, key_size, bias=False)
 
-    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
-        return self.W_k(keys)  # [B, S, D]
+    def project_keys(self, keys: torch.Tensor, products) -> torch.Tensor:
+        return self.linear("W_k", products)(keys)  # [B, S, D]
 
     def head_scores(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
         """query [B, T, H] → scores [B, k, T, S]."""
         B, T, _ = query.shape
         S, k = state.proj.size(1), self.heads
-        q = self.W_q(query).view(B, T, 1, k, -1)
+        q = self.linear("W_q", state.products)(query).view(B, T, 1, k, -1)
         keys = state.proj.view(B, 1, S, k, -1)
         e = (torch.tanh(q + keys) * self.v).sum(-1)  # [B, T, S, k]
         return e.permute(0, 3, 1, 2)
@@ -48,5 +50,5 @@ class MultiHeadAdditiveAttention(Attention):
         scores = self.head_scores(q, state).masked_fill(~state.mask[:, None, None, :], float("-inf"))
         w = torch.softmax(scores.float(), dim=-1).to(state.keys.dtype)  # [B, k, T, S]
         ctx = torch.einsum("bhts,bsk->bthk", w, state.keys).reshape(B, T, -1)  # [B, T, k*K]
-        ctx, w = self.W_o(ctx), w.mean(1)
+        ctx, w = self.linear("W_o", state.products)(ctx), w.mean(1)
         return (ctx.squeeze(1), w.squeeze(1)) if single else (ctx, w)

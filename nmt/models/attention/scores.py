@@ -46,12 +46,14 @@ class GeneralAttention(Attention):
     W_a a is computed once per batch ([B, S, H]); each step is then a dot product.
     """
 
+    products = ("W",)
+
     def __init__(self, query_size: int, key_size: int, dim: int):
         super().__init__(query_size, key_size, dim)
         self.W = nn.Linear(key_size, query_size, bias=False)
 
-    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
-        return self.W(keys)  # [B, S, H]
+    def project_keys(self, keys: torch.Tensor, products) -> torch.Tensor:
+        return self.linear("W", products)(keys)  # [B, S, H]
 
     def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
         return torch.bmm(query, state.proj.transpose(1, 2))
@@ -65,6 +67,7 @@ class _AdditiveScore(Attention):
     """
 
     key_bias = False
+    products = ("W_q", "W_k")
 
     def __init__(self, query_size: int, key_size: int, dim: int):
         super().__init__(query_size, key_size, dim)
@@ -72,11 +75,11 @@ class _AdditiveScore(Attention):
         self.W_k = nn.Linear(key_size, dim, bias=self.key_bias)
         self.v = nn.Linear(dim, 1, bias=False)
 
-    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
-        return self.W_k(keys)  # [B, S, D]
+    def project_keys(self, keys: torch.Tensor, products) -> torch.Tensor:
+        return self.linear("W_k", products)(keys)  # [B, S, D]
 
     def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
-        q = self.W_q(query)  # [B, T, D]
+        q = self.linear("W_q", state.products)(query)  # [B, T, D]
         return self.v(torch.tanh(q.unsqueeze(2) + state.proj.unsqueeze(1))).squeeze(-1)  # [B, T, S]
 
 
