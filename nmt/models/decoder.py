@@ -251,8 +251,9 @@ class BahdanauDecoder(Decoder):
     def read_layer(self) -> nn.Module:
         return self.readout
 
-    def _readout(self, h: torch.Tensor, ctx: torch.Tensor, emb: torch.Tensor, read=None) -> torch.Tensor:
-        return self.dropout(torch.tanh((read or self.readout)(torch.cat([h, ctx, emb], dim=-1))))
+    def _readout(self, h: torch.Tensor, ctx: torch.Tensor, emb: torch.Tensor, read) -> torch.Tensor:
+        """``read``: this pass's readout (PassProducts.read)."""
+        return self.dropout(torch.tanh(read(torch.cat([h, ctx, emb], dim=-1))))
 
     def _core(self, gx_emb: torch.Tensor, state: DecoderState):
         ctx, w = self.attention(top(state.hidden), state.attn)  # [B, K], [B, S]
@@ -321,9 +322,10 @@ class LuongDecoder(Decoder):
     def read_layer(self) -> nn.Module:
         return self.combine
 
-    def _attend(self, h: torch.Tensor, attn: AttentionState, combine=None):
+    def _attend(self, h: torch.Tensor, attn: AttentionState, combine):
+        """``combine``: this pass's combine layer (PassProducts.read, or Decoder.linear's)."""
         ctx, w = self.attention(h, attn)  # [B, (T,) K]
-        return self.dropout(torch.tanh((combine or self.combine)(torch.cat([ctx, h], dim=-1)))), w
+        return self.dropout(torch.tanh(combine(torch.cat([ctx, h], dim=-1)))), w
 
     def init_state(self, enc, vocab=None):
         state = super().init_state(enc, vocab)

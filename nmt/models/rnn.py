@@ -473,9 +473,9 @@ class RNN(nn.RNNBase):
         units: PyTorch's CPU GRU/LSTM computes in float32 only) with one weight gradient per pass; the
         others call nn.GRU/nn.LSTM once (cuDNN on GPU).
         """
-        if self.impl == "loop" or self.layer_norm:
+        if self.impl == "loop":
             return self._step_loop(x, torch.full((x.size(0),), x.size(1), device=x.device), hx)
-        return self._torch.forward(self, x, hx)
+        return self(x, hx)  # nn.GRU/nn.LSTM's forward (the step loops with layer norm)
 
     # ---- the decoder: one step at a time ----
     def step_weights(self, split: int | None = None) -> StepWeights:
