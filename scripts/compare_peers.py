@@ -163,8 +163,17 @@ def start_peer(
         cmd = [str(venv / "bin" / "python"), "-m", "joeynmt", "train", str(cfg), "--skip-test"]
         log = run / "model" / "train.log"
     out = (run / "stdout.txt").open("w")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_default_sigint
+    )
     return Peer(name, proc, log, run)
+
+
+def _default_sigint() -> None:
+    """In the peer's process before it starts: SIGINT back to its default. A shell starts background jobs
+    (``cmd &``, ``nohup``) with SIGINT ignored, exec keeps that, and Python then leaves it ignored instead of
+    raising KeyboardInterrupt, so Joey NMT, which saves when interrupted, would never hear SAVE_SIGNAL."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_until_training(peer: Peer, updates: int, timeout: float = 900) -> None:

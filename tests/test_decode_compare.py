@@ -154,3 +154,24 @@ def test_the_one_process_row_runs_the_default_search_with_workers_1(tmp_path):
     assert job.system == decode_compare.ONE and "workers=1" in job.steps[0].cmd
     default = decode_compare.nmt_job(tmp_path / "best.pt", tmp_path / "src.txt", tmp_path, 5)
     assert default.system == decode_compare.NMT and not any(a.startswith("workers=") for a in default.steps[0].cmd)
+
+
+def test_peers_hear_sigint_when_the_benchmark_runs_in_the_background():
+    """A shell starts background jobs with SIGINT ignored; the peers must still get Python's default
+    (KeyboardInterrupt, on which Joey NMT saves), or stop_and_save waits for a checkpoint in vain."""
+    import signal
+    import subprocess
+
+    import compare_peers
+
+    probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under `nohup ... &`
+    try:
+        inherited = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+        restored = subprocess.run(
+            probe, capture_output=True, text=True, check=True, preexec_fn=compare_peers._default_sigint
+        ).stdout.strip()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert inherited == "False"  # the trap itself, so the test can fail
+    assert restored == "True"
