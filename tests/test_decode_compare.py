@@ -164,7 +164,8 @@ def test_peers_hear_sigint_when_the_benchmark_runs_in_the_background():
 
     import compare_peers
 
-    probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    probe = [sys.executable, "-c", code]
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under `nohup ... &`
     try:
         inherited = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
