@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from nmt import shortlist
+from nmt import allocator, shortlist
 from nmt.calibrate import Calibration, calibrate, warn_if_emulated
 from nmt.config import TrainConfig
 from nmt.data.corpus import CorpusSpec, load_pairs
@@ -131,6 +131,7 @@ def build_trainer(
 ) -> Trainer:
     """The trainer with every collaborator built from ``cfg``; validation exists on rank 0 only."""
     t = cfg.trainer
+    log.info("memory: %s", allocator.configure(t.allocator, device))
     schedule = build_schedule(t)
     opt = build_optimizer(model, t)
     calibration = Calibration(cfg.data.max_tokens, t.get("amp_cache"), t.teacher_forcing, t.label_smoothing)
@@ -203,6 +204,7 @@ RESUME_MAY_CHANGE = (
     "model.rnn_impl",
     "trainer.amp",
     "trainer.amp_cache",
+    "trainer.allocator",
     "trainer.resume",
     "trainer.allow_changes",
     "trainer.max_steps",

@@ -12,7 +12,12 @@ tensors on CPU), ``eager`` (both RNNs computed as model.rnn_impl=eager: the enco
 packed sequences; otherwise the CPU default, loop) or ``enc_eager`` (the encoder only; same weights
 and maths, so they can take turns). ``--model`` is a model of scripts/benchmark.py or ``cpu_small``
 (the preset, fused Adam as always). To compare code changes, run it with one setting
-from checkouts of both commits in turn (``git worktree add``), several times, alternating.
+from checkouts of both commits in turn (``git worktree add``), several times, alternating; the same
+for a setting that holds for a whole process, given as a config override with ``--set``:
+
+    for i in 1 2 3; do for a in auto system; do
+        python scripts/benchmark_ab.py --model cpu_small --settings bf16+fused --set trainer.allocator=$a
+    done; done
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ def main() -> None:
     ap.add_argument("--settings", default="fp32,bf16,bf16+fused")
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--data", default="data/spa-eng")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override (repeatable)")
     args = ap.parse_args()
-    run = NmtRun(args.model, PRESETS[args.model], SimpleNamespace(device="cpu", data=args.data, warmup=4))
+    overrides = [*PRESETS[args.model], *args.set]
+    run = NmtRun(args.model, overrides, SimpleNamespace(device="cpu", data=args.data, warmup=4))
     trainer = run.trainer
     settings = args.settings.split(",")
 
