@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+import resource
 
 import torch
 
@@ -44,3 +45,12 @@ def configure(mode: str, device: torch.device) -> str:
     if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)):
         return "the C library's defaults (glibc refused mallopt)"
     return "freed memory kept for the next step (trainer.allocator=auto: glibc mallopt, no mmap per buffer)"
+
+
+def peak_mib(device: torch.device) -> float:
+    """The most memory this process has held so far, in MiB: PyTorch's allocator peak on CUDA, else the
+    process's maximum resident set (what ``trainer.allocator=auto`` trades for speed; metrics.jsonl)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    scale = 1 if platform.system() == "Darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20

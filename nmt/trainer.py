@@ -26,7 +26,7 @@ import sacrebleu
 import torch
 from tqdm import tqdm
 
-from nmt import checkpoint
+from nmt import allocator, checkpoint
 from nmt.data.batching import Batch, eval_batches, shard_starts
 from nmt.distributed import Dist
 from nmt.heartbeat import clock, heartbeat
@@ -609,6 +609,7 @@ class Trainer:
             "src_tgt_tokens_per_s": src_tgt_tok_s,
             "elapsed_s": p.elapsed_s,
             "skipped_steps": p.skipped_steps,
+            "peak_memory_mib": round(allocator.peak_mib(self.precision.device)),
         }
         improved = self.stopping.update(p, v["bleu"])
         if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):

@@ -23,6 +23,8 @@ def test_training_writes_checkpoints_metrics_and_the_loss_falls(trained):
     for r in recs:
         assert {"step", "bleu", "chrf", "loss", "tgt_tokens_per_s"} <= set(r)
         assert r["tgt_tokens_per_s"] > 0
+    peaks = [r["peak_memory_mib"] for r in recs]  # the process's maximum resident set so far: torch alone is more
+    assert 100 < peaks[0] <= peaks[1] <= peaks[2] < 8192, peaks
     assert recs[-1]["loss"] < recs[0]["loss"] - 0.3, [r["loss"] for r in recs]
     assert recs[-1]["train_loss"] < recs[0]["train_loss"]
     ckpt = checkpoint.load(run / "checkpoints" / "last.pt")
