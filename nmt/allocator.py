@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import platform
-import resource
 
 import torch
 
@@ -52,5 +51,9 @@ def peak_mib(device: torch.device) -> float:
     process's maximum resident set (what ``trainer.allocator=auto`` trades for speed; metrics.jsonl)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return 0.0
     scale = 1 if platform.system() == "Darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
