@@ -60,6 +60,7 @@ def test_translate_runs_alike_with_and_without_hydras_run_machinery(trained):
     override sends it through Hydra's main as before: the same translations and the same log lines."""
     run, cache, _ = trained
     args, text = [f"checkpoint={run}/checkpoints/best.pt", "beam_size=2"], "Tom is here.\nI like cats.\n"
+    run_module("nmt.translate", args, cache, stdin=text)  # caches amp=auto's choice, so both runs below read it
     direct = run_module("nmt.translate", args, cache, stdin=text)
     via_hydra = run_module("nmt.translate", [*args, "hydra.job.name=translate"], cache, stdin=text)
     assert direct.stdout == via_hydra.stdout and len(direct.stdout.splitlines()) == 2
