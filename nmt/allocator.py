@@ -27,18 +27,23 @@ import platform
 
 import torch
 
+from nmt.errors import ConfigError
+
 MODES = ("auto", "system")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's <malloc.h>
 _INT_MAX = 2**31 - 1
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"  # where ``auto`` acts
 
 
 def configure(mode: str, device: torch.device) -> str:
     """Apply ``trainer.allocator`` (see the module docstring) and say what was done, for the log."""
+    if mode not in MODES:
+        raise ConfigError(f"trainer.allocator={mode!r} is unknown; choose one of {', '.join(MODES)}")
     if mode == "system":
         return "the C library's defaults (trainer.allocator=system)"
     if device.type != "cpu":
         return f"PyTorch's {device.type} caching allocator (trainer.allocator=auto changes nothing off the CPU)"
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not GLIBC:
         return "the C library's defaults (trainer.allocator=auto acts on glibc only)"
     libc = ctypes.CDLL(None)
     if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 import subprocess
 import sys
 
@@ -11,9 +10,7 @@ import torch
 
 from nmt import allocator
 
-glibc = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="trainer.allocator acts on glibc only"
-)
+glibc = pytest.mark.skipif(not allocator.GLIBC, reason="trainer.allocator acts on glibc only")
 
 # In a child process (mallopt holds for the whole process and cannot be undone): configure, then say whether a
 # freshly allocated 64 MiB tensor lies inside the [heap] mapping of /proc/self/maps.
