@@ -10,9 +10,10 @@ products and the vocabulary projection in bf16, through Seq2Seq.set_matmul_dtype
 on an AMX CPU; otherwise float32), ``fused`` (fused Adam; otherwise PyTorch's default, a loop over
 tensors on CPU), ``eager`` (both RNNs computed as model.rnn_impl=eager: the encoder by nn.GRU over
 packed sequences; otherwise the CPU default, loop) or ``enc_eager`` (the encoder only; same weights
-and maths, so they can take turns). ``--model`` is a model of scripts/benchmark.py or ``cpu_small``
-(the preset, fused Adam as always). To compare code changes, run it with one setting
-from checkouts of both commits in turn (``git worktree add``), several times, alternating; the same
+and maths, so they can take turns), ``plain_tanh`` (torch.tanh everywhere; otherwise the model's own,
+nmt.models.rnn.tanh_kernel: 2σ(2x) − 1 where it measured faster). ``--model`` is a model of
+scripts/benchmark.py or ``cpu_small`` (the preset, fused Adam as always). To compare code changes, run
+it with one setting from checkouts of both commits in turn (``git worktree add``), several times, alternating; the same
 for a setting that holds for a whole process, given as a config override with ``--set``:
 
     for i in 1 2 3; do for a in auto system; do
@@ -46,6 +47,7 @@ def main() -> None:
     run = NmtRun(args.model, overrides, SimpleNamespace(device="cpu", data=args.data, warmup=4))
     trainer = run.trainer
     settings = args.settings.split(",")
+    model_tanh = trainer.model.decoder.tanh
 
     def apply(setting: str) -> None:
         flags = set(setting.split("+"))
@@ -53,6 +55,8 @@ def main() -> None:
         for group in trainer.opt.param_groups:
             group["fused"] = "fused" in flags or None
         for m in trainer.model.modules():
+            if hasattr(m, "tanh"):  # the RNNs, the decoder, the attention
+                m.tanh = torch.tanh if "plain_tanh" in flags else model_tanh
             if isinstance(m, RNN):
                 is_encoder = m is trainer.model.encoder.rnn
                 m.impl = "eager" if "eager" in flags or ("enc_eager" in flags and is_encoder) else "loop"

@@ -32,7 +32,8 @@ def encoder(cell: str, layers: int, impl: str, layer_norm: bool = False) -> Enco
 @pytest.mark.parametrize("layer_norm", [False, True])
 def test_step_loop_matches_packed_rnn_outputs_states_and_gradients(cell, layers, layer_norm, seeded):
     """Without layer norm ``eager`` is nn.GRU/nn.LSTM over packed sequences; with it, the plain step loop
-    (ordinary autograd), which ``loop`` (StepLinear) must equal too, layer-norm gains included."""
+    (ordinary autograd), which ``loop`` (StepLinear) must equal too, layer-norm gains included. ``loop``'s
+    cells may compute tanh as 2σ(2x) − 1 (rnn.tanh_kernel), which rounds differently in the last bit."""
     loop = encoder(cell, layers, "loop", layer_norm).train()
     eager = encoder(cell, layers, "eager", layer_norm).train()
     with torch.no_grad():  # gains and shifts away from 1 and 0, so that their gradients differ per entry
@@ -61,8 +62,9 @@ def test_step_loop_matches_packed_rnn_outputs_states_and_gradients(cell, layers,
     for a, r, what in zip(got[:4], ref[:4], ("outputs", "final h", "final c", "input gradient")):
         torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-6, msg=what)
     assert (got[0][~mask] == 0).all()
-    for n in ref[4]:
-        torch.testing.assert_close(got[4][n], ref[4][n], rtol=1e-5, atol=1e-6, msg=n)
+    for n in ref[4]:  # weight gradients sum over every step: float32 rounding relative to their largest entry
+        scale = ref[4][n].abs().max().item()
+        torch.testing.assert_close(got[4][n], ref[4][n], rtol=1e-5, atol=1e-6 * max(1.0, scale), msg=n)
 
 
 def test_auto_is_the_step_loop_on_cpu_and_cudnn_on_cuda():

@@ -115,3 +115,34 @@ def test_dropout_layers_come_from_the_rnn_implementation():
         model = tiny_model("luong", "gru", False, layers=2, rnn_impl=impl)
         layers = [model.encoder.emb_dropout, model.encoder.dropout, model.decoder.dropout, model.decoder.rnn.drop]
         assert all(type(m) is kind for m in layers), impl
+
+
+def test_sigmoid_tanh_is_tanh_with_tanhs_gradient():
+    """2σ(2x) − 1 (the step loops' tanh where it is faster) against torch.tanh: values within float32
+    rounding over the whole range, saturation included, and the same gradient (1 − y²)·g."""
+    x = torch.cat([torch.linspace(-30, 30, 20001), torch.randn(5000) * 1e-3]).requires_grad_()
+    y, ref = loop.sigmoid_tanh(x), torch.tanh(x)
+    assert (y - ref).abs().max() <= 2.5e-7
+    assert y.detach().abs().max() == 1.0  # saturates like tanh, never beyond
+    g = torch.randn_like(x)
+    (got,) = torch.autograd.grad(y, x, g)
+    (want,) = torch.autograd.grad(ref, x, g)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # the path without autograd computes the same values
+        assert torch.equal(loop.sigmoid_tanh(x), y.detach())
+
+
+def test_the_tanh_comes_from_the_rnn_implementation_and_its_measurement():
+    """``loop`` models use sigmoid_tanh wherever they take a tanh (cells, attention scores, readout) when it
+    measured faster here by the margin, torch.tanh otherwise; ``eager``/``cudnn`` always torch.tanh. The
+    measurement leaves the global random state alone (a seeded run builds the same model)."""
+    from test_decoder import tiny_model
+
+    state = torch.get_rng_state()
+    speedup = loop.sigmoid_tanh_speedup.__wrapped__()  # measure afresh, not the process's cached result
+    assert torch.equal(torch.get_rng_state(), state) and speedup > 0
+    fast = loop.sigmoid_tanh if loop.sigmoid_tanh_speedup() >= loop.SIGMOID_TANH_MARGIN else torch.tanh
+    for impl, want in [("loop", fast), ("eager", torch.tanh), ("cudnn", torch.tanh)]:
+        model = tiny_model("bahdanau", "gru", False, layers=2, rnn_impl=impl)
+        dec = model.decoder
+        assert dec.tanh is dec.attention.tanh is dec.rnn.tanh is model.encoder.rnn.tanh is want, impl

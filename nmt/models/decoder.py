@@ -116,6 +116,8 @@ class Decoder(nn.Module):
         self.emb_dropout = dropout_layer(dropout if emb_dropout is None else emb_dropout, rnn_impl)
         self.dropout = dropout_layer(dropout, rnn_impl)
         self.rnn = RNN(cell, emb_size + extra_input, hidden_size, layers, dropout, False, rnn_impl, layer_norm)
+        # The readout / combine's and the attention's tanh: the RNN implementation's (rnn.tanh_kernel).
+        self.tanh = attention.tanh = self.rnn.tanh
         self.attention = attention
         self.out = nn.Linear(out_size, vocab_size)
         if tie_embeddings:
@@ -253,7 +255,7 @@ class BahdanauDecoder(Decoder):
 
     def _readout(self, h: torch.Tensor, ctx: torch.Tensor, emb: torch.Tensor, read) -> torch.Tensor:
         """``read``: this pass's readout (PassProducts.read)."""
-        return self.dropout(torch.tanh(read(torch.cat([h, ctx, emb], dim=-1))))
+        return self.dropout(self.tanh(read(torch.cat([h, ctx, emb], dim=-1))))
 
     def _core(self, gx_emb: torch.Tensor, state: DecoderState):
         ctx, w = self.attention(top(state.hidden), state.attn)  # [B, K], [B, S]
@@ -325,7 +327,7 @@ class LuongDecoder(Decoder):
     def _attend(self, h: torch.Tensor, attn: AttentionState, combine):
         """``combine``: this pass's combine layer (PassProducts.read, or Decoder.linear's)."""
         ctx, w = self.attention(h, attn)  # [B, (T,) K]
-        return self.dropout(torch.tanh(combine(torch.cat([ctx, h], dim=-1)))), w
+        return self.dropout(self.tanh(combine(torch.cat([ctx, h], dim=-1)))), w
 
     def init_state(self, enc, vocab=None):
         state = super().init_state(enc, vocab)

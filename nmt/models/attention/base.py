@@ -74,6 +74,9 @@ class Attention(nn.Module):
     def __init__(self, query_size: int, key_size: int, dim: int):
         super().__init__()
         self.query_size, self.key_size, self.dim = query_size, key_size, dim
+        # The scores' tanh, where a score has one: the decoder sets its RNN implementation's
+        # (nmt.models.rnn.tanh_kernel: the same function, computed faster on CPUs); plain by default.
+        self.tanh: Callable[[torch.Tensor], torch.Tensor] = torch.tanh
 
     def linear(self, name: str, products: Products) -> Callable[[torch.Tensor], torch.Tensor]:
         """The layer ``name`` as this pass computes it: its per-pass product when the decoder made one

@@ -31,4 +31,4 @@ class CoverageAttention(BahdanauAttention):
             raise RuntimeError("coverage attention scores one step at a time (its decoder runs a step loop)")
         keys = state.proj + self.V(state.coverage.unsqueeze(-1))  # [B, S, D]: U a_j + V C_{i-1,j}
         q = self.linear("W_q", state.products)(query)  # [B, 1, D]
-        return self.v(torch.tanh(q.unsqueeze(2) + keys.unsqueeze(1))).squeeze(-1)  # [B, 1, S]
+        return self.v(self.tanh(q.unsqueeze(2) + keys.unsqueeze(1))).squeeze(-1)  # [B, 1, S]

@@ -40,7 +40,7 @@ class MultiHeadAdditiveAttention(Attention):
         S, k = state.proj.size(1), self.heads
         q = self.linear("W_q", state.products)(query).view(B, T, 1, k, -1)
         keys = state.proj.view(B, 1, S, k, -1)
-        e = (torch.tanh(q + keys) * self.v).sum(-1)  # [B, T, S, k]
+        e = (self.tanh(q + keys) * self.v).sum(-1)  # [B, T, S, k]
         return e.permute(0, 3, 1, 2)
 
     def forward(self, query: torch.Tensor, state: AttentionState) -> tuple[torch.Tensor, torch.Tensor]:

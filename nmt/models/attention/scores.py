@@ -80,7 +80,7 @@ class _AdditiveScore(Attention):
 
     def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
         q = self.linear("W_q", state.products)(query)  # [B, T, D]
-        return self.v(torch.tanh(q.unsqueeze(2) + state.proj.unsqueeze(1))).squeeze(-1)  # [B, T, S]
+        return self.v(self.tanh(q.unsqueeze(2) + state.proj.unsqueeze(1))).squeeze(-1)  # [B, T, S]
 
 
 @register("concat")
