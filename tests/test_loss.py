@@ -41,3 +41,23 @@ def test_no_grad_path_matches():
     logits, target = torch.randn(50, 300), torch.randint(0, 300, (50,))
     with torch.no_grad():
         torch.testing.assert_close(label_smoothed_nll(logits, target, 0.1, PAD), reference(logits, target, 0.1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_loss_stays_finite_and_exact_where_the_target_has_no_probability_left(dtype):
+    """A confidently wrong row (the target's logit 200 below the top one: its softmax probability underflows
+    to 0) still has the exact loss and gradient: the log-sum-exp comes from the largest probability, not
+    the target's."""
+    logits = torch.zeros(4, 300)
+    logits[:, 5] = 100.0
+    logits[:, 7] = -100.0
+    target = torch.tensor([7, 5, 9, PAD])
+    a = logits.to(dtype).requires_grad_()
+    b = logits.to(dtype).requires_grad_()
+    fused = label_smoothed_nll(a, target, 0.1, PAD)
+    ref = reference(b, target, 0.1)
+    assert torch.isfinite(fused)
+    torch.testing.assert_close(fused, ref, rtol=1e-6, atol=1e-4)
+    fused.backward()
+    ref.backward()
+    torch.testing.assert_close(a.grad.float(), b.grad.float(), rtol=1e-5, atol=1e-6)
