@@ -26,6 +26,7 @@ from nmt.distributed import Dist
 from nmt.errors import ConfigError
 from nmt.finishing import DecodingGrid, Finisher
 from nmt.logger import RunLogger
+from nmt.models.rnn import describe_tanh
 from nmt.models.seq2seq import Seq2Seq
 from nmt.rundir import RunDir, discover_runs
 from nmt.schedules import BudgetDecay
@@ -136,7 +137,7 @@ def build_trainer(
     opt = build_optimizer(model, t)
     calibration = Calibration(cfg.data.max_tokens, t.get("amp_cache"), t.teacher_forcing, t.label_smoothing)
     precision = build_precision(t.amp, device, model, calibration, dist)
-    log.info("training precision: %s", precision.description)
+    log.info("training precision: %s; tanh: %s", precision.description, describe_tanh(model.decoder.tanh))
     validator = None
     if dist.is_main:
         search = SearchOptions(beam_size=t.val_beam_size)  # what nmt.translate does at that beam size

@@ -31,6 +31,11 @@ product only, so the recurrent state and the element-wise gate maths stay in flo
 ``CastLinear`` is the decoder's own layers (readout / combine, vocabulary projection) in a search:
 their weights cast once per search, where autocast would cast them at every step.
 
+``tanh_kernel`` is the model's tanh (the cells, the additive attention's scores, the readout / combine):
+with ``loop``, on CPU, tanh(x) = 2σ(2x) − 1 (``sigmoid_tanh``) when that measured faster than torch.tanh
+in this process (PyTorch's CPU tanh kernel is 4–5x slower than its sigmoid on the AMD EPYC of
+docs/benchmarks.md); torch.tanh otherwise.
+
 ``dropout_layer`` makes the encoder's and decoder's dropout layers: with ``loop`` a ``MaskDropout``, whose
 mask comes from 16-bit fields of 64-bit random words. PyTorch's CPU ``bernoulli_`` draws one
 random number per element and, on CPUs other than Intel's, one element at a time: 5.4 ms for model
@@ -255,6 +260,13 @@ def tanh_kernel(impl: str) -> Callable[[torch.Tensor], torch.Tensor]:
     readout / combine): ``sigmoid_tanh`` for the CPU step loops (``loop``) when measured at least
     ``SIGMOID_TANH_MARGIN`` faster on this CPU, ``torch.tanh`` otherwise (the plain version)."""
     return sigmoid_tanh if impl == "loop" and sigmoid_tanh_speedup() >= SIGMOID_TANH_MARGIN else torch.tanh
+
+
+def describe_tanh(tanh: Callable[[torch.Tensor], torch.Tensor]) -> str:
+    """One line for the log: which tanh a model computes (``tanh_kernel``), and why."""
+    if tanh is sigmoid_tanh:
+        return f"2σ(2x) − 1 (measured {sigmoid_tanh_speedup():.1f}x as fast as torch.tanh on this CPU)"
+    return "torch.tanh"
 
 
 def dropout_layer(p: float, impl: str) -> nn.Module:
