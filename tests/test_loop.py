@@ -130,6 +130,8 @@ def test_sigmoid_tanh_is_tanh_with_tanhs_gradient():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     with torch.no_grad():  # the path without autograd computes the same values
         assert torch.equal(loop.sigmoid_tanh(x), y.detach())
+    small = torch.tensor([1e-3, -2e-4], dtype=torch.bfloat16)  # bf16 would lose these in 2σ(2x) − 1
+    assert torch.equal(loop.sigmoid_tanh(small), torch.tanh(small))
 
 
 def test_the_tanh_comes_from_the_rnn_implementation_and_its_measurement():

@@ -226,12 +226,13 @@ class _SigmoidTanh(torch.autograd.Function):
 
 
 def sigmoid_tanh(x: torch.Tensor) -> torch.Tensor:
-    """tanh through the logistic function, tanh(x) = 2σ(2x) − 1, on CPU tensors (torch.tanh on others):
-    the same function to within float32 rounding (≤ 2·10⁻⁷ apart), with torch.tanh's gradient. PyTorch's
+    """tanh through the logistic function, tanh(x) = 2σ(2x) − 1, on float32 CPU tensors (torch.tanh on
+    others: in bf16 the −1 would cancel most of a small value's bits): the same function to within float32
+    rounding (≤ 2·10⁻⁷ apart), with torch.tanh's gradient. PyTorch's
     CPU ``sigmoid`` kernel is several times faster than its ``tanh``: on 1M floats (AMD EPYC, 2 cores)
     0.20 ms for the four passes here against 1.07 ms, and the additive attention's tanh alone was ~7% of
     a model R training step (docs/benchmarks.md). One vectorised pass each: x·2, σ, ·2, −1."""
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or x.dtype != torch.float32:
         return torch.tanh(x)
     return _SigmoidTanh.apply(x) if torch.is_grad_enabled() and x.requires_grad else _sigmoid_tanh(x)
 
