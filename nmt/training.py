@@ -137,7 +137,8 @@ def build_trainer(
     opt = build_optimizer(model, t)
     calibration = Calibration(cfg.data.max_tokens, t.get("amp_cache"), t.teacher_forcing, t.label_smoothing)
     precision = build_precision(t.amp, device, model, calibration, dist)
-    log.info("training precision: %s; tanh: %s", precision.description, describe_tanh(model.decoder.tanh))
+    log.info("training precision: %s", precision.description)
+    log.info("tanh: %s", describe_tanh(model.decoder.tanh))
     validator = None
     if dist.is_main:
         search = SearchOptions(beam_size=t.val_beam_size)  # what nmt.translate does at that beam size

@@ -136,7 +136,7 @@ def test_the_training_cli_logs_its_measured_choice_and_caches_it(trained):
     assert re.search(r"training precision: float32(, bf16 matrix products)? \(measured: bf16 products [\d.]+x", log)
     # and which tanh the model computes (the CPU step loops: 2σ(2x) − 1 where it measured faster)
     assert re.search(
-        r"; tanh: (torch\.tanh|2σ\(2x\) − 1 \(measured [\d.]+x as fast as torch\.tanh on this CPU\))$", log, re.M
+        r"\] - tanh: (torch\.tanh|2σ\(2x\) − 1 \(measured [\d.]+x as fast as torch\.tanh on this CPU\))$", log, re.M
     )
     # one training measurement (decoding commands run by other tests on this fixture add their own entries)
     entries = [json.loads(f.read_text()) for f in (cache / "precision").glob("*.json")]
