@@ -9,7 +9,11 @@
 #   .whl/           hydra-core, omegaconf, datasets ... (bash scripts/build_device_wheels.sh)
 #   data/spa-eng/   train.tsv, valid.tsv, test.tsv (copied from ../shared/data/spa-eng)
 #
-# Usage: bash scripts/gpu_check.sh [STAGE ...]   STAGE: install env tests train ddp summary (default: all)
+# Usage: bash scripts/gpu_check.sh [STAGE ...]
+#   STAGE: install env tests train decode ddp summary cpu (default: all but cpu)
+#   decode: nmt.evaluate of the `train` run's checkpoint on valid.tsv, beam 5, on the GPU (whole command timed)
+#   cpu: the machine's own CPU on 2 pinned cores (taskset), like a 2-core CI machine: GEMM peak,
+#        the precision and tanh choices nmt.train makes there, and model R's step in bf16 against float32
 # Logs go flat into $OUT (default /tmp/gpu_check), at most 8 files. TRAIN_MINUTES (default 2) sets
 # each training run's length; the whole script stays within 9 minutes at the default.
 # To try the script without a GPU: NMT_TEST_DEVICE= TRAIN_DEVICE=cpu TRAIN_MINUTES=0.2 \
@@ -25,7 +29,7 @@ RUNS=${RUNS:-/tmp/gpu_check_runs}
 export NMT_CACHE=${NMT_CACHE:-/tmp/gpu_check_cache} # one tokenizer for both runs
 export WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$RUNS"
-stages=${*:-install env tests train ddp summary}
+stages=${*:-install env tests train decode ddp summary}
 failed=()
 
 want() { [[ " $stages " == *" $1 "* ]]; }
@@ -86,6 +90,22 @@ if want train && [[ -f data/spa-eng/train.tsv ]]; then
     cp "$RUNS/single/metrics.jsonl" "$OUT/metrics_single.jsonl" 2>/dev/null
 fi
 
+if want decode; then
+    ckpt=$RUNS/single/checkpoints/best.pt
+    if [[ -f $ckpt ]]; then
+        start=$(date +%s.%N)
+        stage "decode: nmt.evaluate valid.tsv, beam 5, on ${TRAIN_DEVICE:-cuda}" decode.log 150 $PYTHON -m nmt.evaluate \
+            "checkpoint=$ckpt" input=data/spa-eng/valid.tsv beam_size=5 "device=${TRAIN_DEVICE:-cuda}" \
+            "hypotheses=$RUNS/single/valid.hyp"
+        end=$(date +%s.%N)
+        words=$(wc -w <"$RUNS/single/valid.hyp" 2>/dev/null || echo 0)
+        awk -v s="$start" -v e="$end" -v w="$words" 'BEGIN {printf "decode: %d output words in %.1f s (whole command) = %.0f words/s\n", w, e - s, w / (e - s)}' |
+            tee -a "$OUT/summary.txt"
+    else
+        failed+=("decode (no $ckpt: the train stage did not save)")
+    fi
+fi
+
 if want ddp && [[ -f data/spa-eng/train.tsv ]]; then
     rm -rf "$RUNS/ddp"
     stage "train: torchrun, 1 process (DDP, NCCL)" train_ddp.log "$limit" $PYTHON -m torch.distributed.run --standalone \
@@ -124,6 +144,24 @@ if len(got) == 2:
     verdict = "within 5%" if ratio >= 0.95 else "MORE than 5% slower"
     print(f"DDP (world size 1) / one process = {ratio:.3f}: {verdict}")
 EOF
+fi
+
+if want cpu; then
+    # Issue 15's other CPU kind: this machine's processor, limited to 2 cores like the development VM.
+    pin=(taskset -c 0,1 env OMP_NUM_THREADS=2)
+    say "cpu: $(lscpu | grep 'Model name' | sed 's/  */ /g'), 2 pinned cores"
+    lscpu | grep -o -E 'amx[a-z0-9_]*|avx512_bf16|avx512f |avx2' | sort -u | tr '\n' ' ' | tee -a "$OUT/summary.txt"
+    echo | tee -a "$OUT/summary.txt"
+    stage "cpu: GEMM peak" cpu_peak.log 60 "${pin[@]}" $PYTHON scripts/gemm_peak.py
+    rm -rf "$RUNS/cpu"
+    stage "cpu: nmt.train model R, 0.5 min (its precision and tanh lines)" cpu_train.log 150 "${pin[@]}" \
+        $PYTHON -m nmt.train device=cpu experiment=model_r wandb.mode=disabled trainer.max_minutes=0.5 \
+        trainer.valid_every=100000 trainer.tune_decoding=false data.valid_max_sentences=50 data.dir=data/spa-eng \
+        data.fetch=false "hydra.run.dir=$RUNS/cpu"
+    grep -E "precision|products|tanh|tok/s" "$OUT/cpu_train.log" | head -12 | tee -a "$OUT/summary.txt"
+    stage "cpu: model R step, bf16 against float32 (interleaved)" cpu_ab.log 180 "${pin[@]}" $PYTHON \
+        scripts/benchmark_ab.py --settings fp32+fused,bf16+fused,bf16+fused+plain_tanh --batches 24 --data data/spa-eng
+    tail -3 "$OUT/cpu_ab.log" >>"$OUT/summary.txt"
 fi
 
 if ((${#failed[@]})); then
