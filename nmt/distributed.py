@@ -92,7 +92,9 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=TIMEOUT)
+        # device_id binds NCCL to this rank's GPU (collectives such as barrier() then need no guess:
+        # without it torch 2.11 warned "barrier(): using the device under current context" on an H200)
+        dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
     return Dist(rank, world, local_rank, True, device if backend == "nccl" else torch.device("cpu")), device
 
 
