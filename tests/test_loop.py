@@ -148,3 +148,14 @@ def test_the_tanh_comes_from_the_rnn_implementation_and_its_measurement():
         model = tiny_model("bahdanau", "gru", False, layers=2, rnn_impl=impl)
         dec = model.decoder
         assert dec.tanh is dec.attention.tanh is dec.rnn.tanh is model.encoder.rnn.tanh is want, impl
+
+
+def test_the_tanh_log_line_names_the_choice_and_its_measurement():
+    """The training log's ``tanh:`` line: the formula with its factor; torch.tanh with the factor that was too
+    small (the AMX Xeon of session 18 chose torch.tanh); plain torch.tanh where nothing was measured (CUDA)."""
+    assert loop.tanh_line(True, 4.16) == "2σ(2x) − 1 (measured 4.2x as fast as torch.tanh on this CPU)"
+    slow = loop.tanh_line(False, 0.93)
+    assert slow.startswith("torch.tanh (2σ(2x) − 1 measured 0.93x") and f"{loop.SIGMOID_TANH_MARGIN}x" in slow
+    assert loop.tanh_line(False, None) == "torch.tanh"
+    loop.sigmoid_tanh_speedup()  # measured in this process, so describe_tanh reports it whichever it chose
+    assert "measured" in loop.describe_tanh(loop.tanh_kernel("loop"))
