@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmark_memory import tree_rss_mib
+from decode_compare import usable_cpus
 
 HERE = Path(__file__).resolve().parent
 PEERS_HOME = Path(os.environ.get("NMT_PEERS", "/tmp/peers"))
@@ -155,7 +156,7 @@ def start_peer(
     }
     cfg = run / f"{name}.yaml"
     cfg.write_text(string.Template((HERE / "peers" / f"{name}_model_r.yaml").read_text()).substitute(values))
-    env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(usable_cpus()), PYTHONUNBUFFERED="1")  # the pinned cores, if pinned
     if name == "onmt":  # onmt_train, stoppable with a checkpoint (see stop_and_save)
         cmd = [str(venv / "bin" / "python"), str(HERE / "peers" / "onmt_train_until_signal.py"), "-config", str(cfg)]
         log = run / "train.log"

@@ -90,9 +90,18 @@ def write_lines(path: Path, lines: list[str]) -> Path:
     return path
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (``taskset -c 0,1`` on a bigger machine gives 2),
+    not ``os.cpu_count()``, which counts the whole machine and would oversubscribe the pinned cores."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def decode_env() -> dict[str, str]:
-    """The environment every system decodes in: all cores for intra-op threads, unbuffered output."""
-    return dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1), PYTHONUNBUFFERED="1")
+    """The environment every system decodes in: all usable cores for intra-op threads, unbuffered output."""
+    return dict(os.environ, OMP_NUM_THREADS=str(usable_cpus()), PYTHONUNBUFFERED="1")
 
 
 # ---- the jobs ----

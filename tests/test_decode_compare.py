@@ -9,6 +9,8 @@ around a stand-in translate command that copies its input, so the pieces must co
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -176,3 +178,17 @@ def test_peers_hear_sigint_when_the_benchmark_runs_in_the_background():
         signal.signal(signal.SIGINT, previous)
     assert inherited == "False"  # the trap itself, so the test can fail
     assert restored == "True"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
+def test_peers_and_decoders_get_the_pinned_cores_not_the_whole_machine():
+    """Under ``taskset -c 0,1`` on a 16-core machine (the GPU machine's Xeon, session 18) the peers would have
+    been given OMP_NUM_THREADS=16 (os.cpu_count()) for 2 cores; the thread count follows the affinity mask."""
+    code = (
+        "import os, sys; sys.path.insert(0, 'scripts'); os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+        "import decode_compare; print(decode_compare.usable_cpus(), decode_compare.decode_env()['OMP_NUM_THREADS'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout.split()
+    assert out == ["1", "1"]

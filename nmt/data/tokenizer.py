@@ -119,7 +119,7 @@ def _train_one(
             bos_id=BOS,
             eos_id=EOS,
             hard_vocab_limit=False,  # small corpora (tests, sample/) get a smaller vocabulary, not an error
-            num_threads=os.cpu_count() or 1,
+            num_threads=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
             minloglevel=2,
         )
     finally:
