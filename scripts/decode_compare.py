@@ -132,7 +132,10 @@ def nmt_job(
     cmd += ["shortlist=true"] if shortlist else []
     cmd += [f"workers={workers}"] if workers else []
     timed = f"python -m nmt.translate stop={stop} (raw text in, detokenised text out)"
-    return DecodeJob(system, beam, [Step(cmd)], hyp, timed, env={"PYTHONPATH": str(REPO)})
+    # The repository first, then whatever the caller's path holds (a machine without network keeps nmt's
+    # dependencies in a --target folder on PYTHONPATH: replacing it lost omegaconf on the GPU machine).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return DecodeJob(system, beam, [Step(cmd)], hyp, timed, env={"PYTHONPATH": path})
 
 
 def _peer_job(

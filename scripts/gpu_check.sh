@@ -10,10 +10,13 @@
 #   data/spa-eng/   train.tsv, valid.tsv, test.tsv (copied from ../shared/data/spa-eng)
 #
 # Usage: bash scripts/gpu_check.sh [STAGE ...]
-#   STAGE: install env tests train decode ddp summary cpu (default: all but cpu)
+#   STAGE: install env tests train decode ddp summary cpu peers (default: all but cpu and peers)
 #   decode: nmt.evaluate of the `train` run's checkpoint on valid.tsv, beam 5, on the GPU (whole command timed)
 #   cpu: the machine's own CPU on 2 pinned cores (taskset), like a 2-core CI machine: GEMM peak,
 #        the precision and tanh choices nmt.train makes there, and model R's step in bf16 against float32
+#   peers: scripts/benchmark.py --device cpu --compare onmt on 2 pinned cores of the machine's CPU (OpenNMT-py from
+#        .peers_dev: bash scripts/build_device_peers.sh, then carry .peers_dev); PEERS_ROUNDS (3),
+#        PEERS_WINDOW (35 s), PEERS_DECODE_ROUNDS (1), PEERS_LIMIT (420 s)
 # Logs go flat into $OUT (default /tmp/gpu_check), at most 8 files. TRAIN_MINUTES (default 2) sets
 # each training run's length; the whole script stays within 9 minutes at the default.
 # To try the script without a GPU: NMT_TEST_DEVICE= TRAIN_DEVICE=cpu TRAIN_MINUTES=0.2 \
@@ -162,6 +165,23 @@ if want cpu; then
     stage "cpu: model R step, bf16 against float32 (interleaved)" cpu_ab.log 180 "${pin[@]}" $PYTHON \
         scripts/benchmark_ab.py --settings fp32+fused,bf16+fused,bf16+fused+plain_tanh --batches 24 --data data/spa-eng
     tail -3 "$OUT/cpu_ab.log" >>"$OUT/summary.txt"
+fi
+
+if want peers; then
+    if [[ ! -x .peers_dev/venv-onmt/bin/python ]]; then
+        failed+=("peers (.peers_dev is missing: run scripts/build_device_peers.sh and carry .peers_dev)")
+    else
+        say "peers: OpenNMT-py's compiled dependencies into /tmp/onmt_site"
+        $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/onmt_site \
+            .peers_dev/whl/*.whl 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+        stage "peers: model R against OpenNMT-py, 2 pinned cores of $(lscpu | grep 'Model name' | sed 's/.*: *//')" \
+            peers.log "${PEERS_LIMIT:-420}" taskset -c 0,1 env OMP_NUM_THREADS=2 NMT_PEERS="$root/.peers_dev" \
+            NMT_CACHE="$root/.peers_dev/cache" $PYTHON scripts/benchmark.py --device cpu --models r --compare onmt \
+            --rounds "${PEERS_ROUNDS:-3}" --window-seconds "${PEERS_WINDOW:-35}" --windows 1 --window-steps 20 \
+            --warmup 10 --decode-rounds "${PEERS_DECODE_ROUNDS:-1}" --no-efficiency --data data/spa-eng \
+            --json "$OUT/peers.json"
+        grep -E "^round|^\|" "$OUT/peers.log" >>"$OUT/summary.txt"
+    fi
 fi
 
 if ((${#failed[@]})); then

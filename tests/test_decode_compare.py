@@ -192,3 +192,15 @@ def test_peers_and_decoders_get_the_pinned_cores_not_the_whole_machine():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout.split()
     assert out == ["1", "1"]
+
+
+def test_the_nmt_job_keeps_the_callers_pythonpath_behind_the_repository(monkeypatch, tmp_path):
+    """On the GPU machine nmt's dependencies sit in a --target folder on PYTHONPATH; the decode job used to
+    replace PYTHONPATH with the repository alone, and nmt.translate died on 'No module named omegaconf'."""
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    job = decode_compare.nmt_job(tmp_path / "best.pt", tmp_path / "src.txt", tmp_path, 5)
+    assert job.env["PYTHONPATH"].split(os.pathsep) == [str(REPO), "/tmp/site"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert decode_compare.nmt_job(tmp_path / "best.pt", tmp_path / "src.txt", tmp_path, 5).env["PYTHONPATH"] == str(
+        REPO
+    )
