@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmark_memory import tree_rss_mib
-from decode_compare import usable_cpus
+
+from nmt.machine import usable_cpus
 
 HERE = Path(__file__).resolve().parent
 PEERS_HOME = Path(os.environ.get("NMT_PEERS", "/tmp/peers"))

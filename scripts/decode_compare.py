@@ -38,6 +38,8 @@ from pathlib import Path
 import sacrebleu
 import yaml
 
+from nmt.machine import usable_cpus
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SPM_PIECES = HERE / "peers" / "spm_pieces.py"
@@ -88,15 +90,6 @@ def write_lines(path: Path, lines: list[str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes("".join(f"{line}\n" for line in lines).encode("utf-8"))
     return path
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on: its affinity mask (``taskset -c 0,1`` on a bigger machine gives 2),
-    not ``os.cpu_count()``, which counts the whole machine and would oversubscribe the pinned cores."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def decode_env() -> dict[str, str]:

@@ -19,6 +19,7 @@ import sentencepiece as spm
 
 from nmt.data.subwords import Sampling, sampler_for
 from nmt.errors import ConfigError
+from nmt.machine import usable_cpus
 from nmt.rundir import atomic_write
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def _train_one(
             bos_id=BOS,
             eos_id=EOS,
             hard_vocab_limit=False,  # small corpora (tests, sample/) get a smaller vocabulary, not an error
-            num_threads=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+            num_threads=usable_cpus(),
             minloglevel=2,
         )
     finally:

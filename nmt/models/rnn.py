@@ -274,7 +274,7 @@ def tanh_line(formula: bool, measured: float | None) -> str:
     against torch.tanh on this CPU, or None where nothing was measured (CUDA, ``eager``/``cudnn``)."""
     if formula:
         return f"2σ(2x) − 1 (measured {measured:.1f}x as fast as torch.tanh on this CPU)"
-    if measured is None:
+    if measured is None or measured >= SIGMOID_TANH_MARGIN:  # not measured, or kept for another reason (eager)
         return "torch.tanh"
     return (
         f"torch.tanh (2σ(2x) − 1 measured {measured:.2f}x its speed on this CPU, "
