@@ -119,6 +119,17 @@ def build_schedule(t: Any) -> Schedule:
     return Schedule(**{f.name: getattr(t, f.name) for f in dataclasses.fields(Schedule)})
 
 
+def describe_loss(label_smoothing: float) -> str:
+    """What the progress lines' ``train loss`` is, beside the validation ``loss``, for the log."""
+    if not label_smoothing:
+        return "cross-entropy per target piece, in training and validation alike"
+    return (
+        "train loss is the label-smoothed cross-entropy per target piece "
+        f"(trainer.label_smoothing={label_smoothing:g}); the validation loss and ppl are not smoothed, "
+        "so the train loss reads well above them"
+    )
+
+
 def build_trainer(
     cfg: Any,
     plain_config: dict,
@@ -139,6 +150,7 @@ def build_trainer(
     precision = build_precision(t.amp, device, model, calibration, dist)
     log.info("training precision: %s", precision.description)
     log.info("tanh: %s", describe_tanh(model.decoder.tanh))
+    log.info("loss: %s", describe_loss(t.label_smoothing))
     validator = None
     if dist.is_main:
         search = SearchOptions(beam_size=t.val_beam_size)  # what nmt.translate does at that beam size

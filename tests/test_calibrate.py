@@ -138,6 +138,16 @@ def test_the_training_cli_logs_its_measured_choice_and_caches_it(trained):
     assert re.search(
         r"\] - tanh: (torch\.tanh|2σ\(2x\) − 1 \(measured [\d.]+x as fast as torch\.tanh on this CPU\))$", log, re.M
     )
+    # and what the progress lines' train loss is beside the validation loss (label-smoothed: the default 0.1)
+    smoothed = "] - loss: train loss is the label-smoothed cross-entropy per target piece (trainer.label_smoothing=0.1)"
+    assert smoothed in log
     # one training measurement (decoding commands run by other tests on this fixture add their own entries)
     entries = [json.loads(f.read_text()) for f in (cache / "precision").glob("*.json")]
     assert len([e for e in entries if "model" in e["key"]]) == 1
+
+
+def test_the_loss_line_says_whether_the_train_loss_is_smoothed():
+    from nmt.training import describe_loss
+
+    assert "not smoothed" in describe_loss(0.2) and "label_smoothing=0.2" in describe_loss(0.2)
+    assert describe_loss(0.0) == "cross-entropy per target piece, in training and validation alike"
