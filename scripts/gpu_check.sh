@@ -10,7 +10,10 @@
 #   data/spa-eng/   train.tsv, valid.tsv, test.tsv (copied from ../shared/data/spa-eng)
 #
 # Usage: bash scripts/gpu_check.sh [STAGE ...]
-#   STAGE: install env tests train decode ddp summary cpu peers (default: all but cpu and peers)
+#   STAGE: install env tests train decode ddp summary cpu peers amp (default: all but cpu, peers and amp)
+#   amp: model R's training step on the GPU with bf16 autocast (the default) against float32 (trainer.amp=none),
+#        scripts/benchmark.py --models r,r_fp32 (session 18 suspected the autocast casts of the launch-bound
+#        step loop for nmt's 0.62x OpenNMT-py on an H200); AMP_WINDOWS (5) windows of 30 steps each
 #   decode: nmt.evaluate of the `train` run's checkpoint on valid.tsv, beam 5, on the GPU (whole command timed)
 #   cpu: the machine's own CPU on 2 pinned cores (taskset), like a 2-core CI machine: GEMM peak,
 #        the precision and tanh choices nmt.train makes there, and model R's step in bf16 against float32
@@ -147,6 +150,13 @@ if len(got) == 2:
     verdict = "within 5%" if ratio >= 0.95 else "MORE than 5% slower"
     print(f"DDP (world size 1) / one process = {ratio:.3f}: {verdict}")
 EOF
+fi
+
+if want amp && [[ -f data/spa-eng/train.tsv ]]; then
+    stage "amp: model R on ${TRAIN_DEVICE:-cuda}, bf16 autocast (r) against float32 (r_fp32)" amp.log 300 \
+        $PYTHON scripts/benchmark.py --models r,r_fp32 --device "${TRAIN_DEVICE:-cuda}" --data data/spa-eng \
+        --windows "${AMP_WINDOWS:-5}" --decode-sentences 200 --no-efficiency
+    grep -E "^\| (model|r|r_fp32) " "$OUT/amp.log" | tee -a "$OUT/summary.txt"
 fi
 
 if want cpu; then
