@@ -251,11 +251,11 @@ def finish(
             f"training ended at step {p.step}, but its final checkpoint could not be written to "
             f"{rundir.checkpoints} (see the errors above)"
         )
+    log.info("stopping: %s", result.reason)  # why, before the minutes of finishing that follow
     done = Finished()
     if finisher is not None and trainer.dist.is_main:
         done = finisher(trainer.model, trainer.validator, p)
     trainer.dist.barrier()  # the other ranks wait while rank 0 finishes
-    log.info("stopping: %s", result.reason)
     if trainer.dist.is_main and p.best_bleu >= 0:
         best = rundir.best
         log.info("best valid BLEU %.2f at step %d: %s%s", p.best_bleu, p.best_step, best, done.decodes(best))
