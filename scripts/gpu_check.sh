@@ -82,7 +82,7 @@ if want tests; then
         tests/test_loop.py tests/test_loss.py
 fi
 
-if { want train || want ddp; } && [[ ! -f data/spa-eng/train.tsv ]]; then
+if { want train || want ddp || want amp; } && [[ ! -f data/spa-eng/train.tsv ]]; then
     failed+=("corpus: data/spa-eng/train.tsv is missing (copy ../shared/data/spa-eng/*.tsv there and carry data/spa-eng)")
 fi
 # shellcheck disable=SC2206 # TRAIN_EXTRA: extra overrides, split on spaces
