@@ -52,6 +52,38 @@ def test_bad_checkpoints_give_one_line_errors(tmp_path, damage):
     assert str(p) in msg and "\n" not in msg
 
 
+def test_random_bytes_of_a_checkpoints_size_give_one_line_errors(tmp_path):
+    """A resume fell back to an older checkpoint on a last.pt overwritten with os.urandom, except when the
+    random bytes sent torch.load's legacy pickle reader into a MemoryError (CI, 2026-11-26): every such file is
+    now refused before unpickling. Seeded, so the same 200 files every run."""
+    p = tmp_path / "x.pt"
+    checkpoint.save(p, payload())
+    size = p.stat().st_size
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        p.write_bytes(bytes(torch.randint(0, 256, (size,), generator=gen, dtype=torch.uint8).tolist()))
+        with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+            checkpoint.load(p)
+
+
+def test_a_damaged_archive_member_gives_a_one_line_error(tmp_path):
+    """A valid zip archive whose pickled payload is garbage (so the zip check alone does not catch it)."""
+    import zipfile
+
+    p = tmp_path / "x.pt"
+    checkpoint.save(p, payload())
+    with zipfile.ZipFile(p) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    pkl = next(n for n in members if n.endswith("data.pkl"))
+    members[pkl] = b"\x80\x02" + bytes(range(256)) * 4
+    with zipfile.ZipFile(p, "w") as z:
+        for n, data in members.items():
+            z.writestr(n, data)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.load(p)
+    assert str(p) in str(e.value) and "\n" not in str(e.value)
+
+
 def test_weights_only_keeps_what_translating_needs_and_loads_like_a_full_checkpoint(tmp_path, sample_dir):
     cfg = OmegaConf.structured(TrainConfig)
     cfg.attention.name = "bahdanau"
