@@ -35,10 +35,11 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
+    unreadable = f"{path}: not a readable checkpoint (truncated or corrupt?)"
     if not zipfile.is_zipfile(path):
         # torch.save writes a zip archive; anything else (a truncated file, random bytes) would go to
         # torch.load's legacy pickle reader, which can fail on garbage in any way, MemoryError included.
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): not a zip archive")
+        raise CheckpointError(f"{unreadable}: not a zip archive")
     try:
         # weights_only=False: the payload holds plain Python containers, RNG byte tensors and the
         # config dict; only load checkpoints you trust, as with any pickle-based format.
@@ -52,13 +53,10 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
         UnicodeDecodeError,
         OSError,
         MemoryError,  # unpickling garbage inside the archive: a length field read as gigabytes
-        KeyError,
-        IndexError,
-        TypeError,
         OverflowError,
     ) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}") from e
+        raise CheckpointError(f"{unreadable}: {reason}") from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an nmt checkpoint (no '{FORMAT}' format marker)")
     if ckpt.get("version") != VERSION:
