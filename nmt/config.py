@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -389,12 +390,40 @@ def _device_problems(cfg: Any) -> list[str]:
     return []
 
 
+# The numeric trainer keys and the values that mean something: (keys, test, what the message says is expected).
+# A negative limit or patience was accepted before and did nonsense (trainer.patience=-1 stopped a run at its
+# first validation: "no BLEU gain in -1 validations").
+_TRAINER_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
+    (("max_steps", "max_epochs"), lambda v: v >= 0, "an integer >= 0 (0 = no limit)"),
+    (("max_minutes",), lambda v: v >= 0, "minutes >= 0 (0 = no limit)"),
+    (
+        ("warmup_steps", "plateau_patience", "keep_last", "valid_every", "plot_attention"),
+        lambda v: v >= 0,
+        "an integer >= 0",
+    ),
+    (("patience",), lambda v: v >= 0, "an integer >= 0 (0 = never stop early)"),
+    (("accum_steps", "log_every", "val_beam_size"), lambda v: v >= 1, "an integer >= 1"),
+    (("weight_decay", "min_lr", "log_seconds"), lambda v: v >= 0, "a number >= 0"),
+    (("clip_grad",), lambda v: v >= 0, "a gradient norm >= 0 (0 = no clipping)"),
+    (("checkpoint_minutes",), lambda v: v >= 0, "minutes >= 0 (0 = only at validations and the end)"),
+    (("lr", "valid_minutes"), lambda v: v > 0, "a number > 0"),
+    (("plateau_factor",), lambda v: 0 < v <= 1, "a factor in (0, 1]"),
+    (("label_smoothing",), lambda v: 0 <= v < 1, "a share in [0, 1)"),
+    (("teacher_forcing",), lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+)
+
+
+def _range_problems(t: Any) -> list[str]:
+    """Every numeric trainer key outside the values that mean something (_TRAINER_RANGES)."""
+    bad = [(k, expected) for keys, ok, expected in _TRAINER_RANGES for k in keys if not ok(t[k])]
+    return [f"trainer.{k}={t[k]}: expected {expected}" for k, expected in bad]
+
+
 def _train_problems(cfg: Any) -> list[str]:
     """Combinations that today fail only after the corpus, sentencepiece and the model are built."""
     problems = []
     a, enc, dec = cfg.attention, cfg.encoder, cfg.decoder
-    if cfg.trainer.accum_steps < 1:
-        problems.append(f"trainer.accum_steps={cfg.trainer.accum_steps}: expected an integer >= 1")
+    problems += _range_problems(cfg.trainer)
     problems += _finishing_problems(cfg.trainer)
     problems += _schedule_problems(cfg.trainer)
     if cfg.data.num_workers not in (0, 1):
@@ -448,7 +477,7 @@ def _finishing_problems(t: Any) -> list[str]:
     problems = []
     if t.average_last < 0:
         problems.append(f"trainer.average_last={t.average_last}: expected an integer >= 0 (0 = off)")
-    elif t.average_last > t.keep_last:
+    elif t.average_last > t.keep_last >= 0:  # a negative keep_last is _range_problems'
         problems.append(
             f"trainer.average_last={t.average_last} averages the newest step_N.pt checkpoints: needs "
             f"trainer.keep_last >= {t.average_last} (got {t.keep_last})"

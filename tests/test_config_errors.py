@@ -15,6 +15,7 @@ from helpers import TINY, run_module
         ("encoder.cell=rnn", ["encoder.cell='rnn'", "gru", "lstm"]),
         ("attention=dot", ["attention=dot needs decoder.hidden_size (64) == 2 * encoder.hidden_size (48)"]),
         ("trainer.scheduler=budget", ["trainer.scheduler=budget", "set trainer.max_minutes or trainer.max_steps"]),
+        ("trainer.patience=-1", ["trainer.patience=-1: expected an integer >= 0"]),
     ],
 )
 def test_config_mistakes_fail_clearly(tmp_path, sample_dir, override, expect):
@@ -66,3 +67,30 @@ def test_missing_corpus_says_what_to_run(tmp_path):
     assert proc.returncode == 2
     assert "train.tsv: corpus file not found" in proc.stderr and "nmt.data.fetch" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "override,expect",
+    [
+        ("trainer.max_minutes=-5", "trainer.max_minutes=-5.0: expected minutes >= 0"),
+        ("trainer.keep_last=-1", "trainer.keep_last=-1: expected an integer >= 0"),
+        ("trainer.lr=0", "trainer.lr=0.0: expected a number > 0"),
+        ("trainer.label_smoothing=1", "trainer.label_smoothing=1.0: expected a share in [0, 1)"),
+        ("trainer.teacher_forcing=1.5", "trainer.teacher_forcing=1.5: expected a probability in [0, 1]"),
+        ("trainer.log_every=0", "trainer.log_every=0: expected an integer >= 1"),
+    ],
+)
+def test_numeric_trainer_keys_out_of_range_are_refused(override, expect):
+    """Checked in the preflight, one line per key (the subprocess case above shows it reaches the user so)."""
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS["train"], [override])
+    assert len(e.value.lines) == 1 and e.value.lines[0].startswith(expect), e.value.lines
+
+
+def test_the_edges_that_mean_off_are_accepted():
+    from nmt.cli import COMMANDS, preflight
+
+    zeros = ["max_steps", "max_minutes", "patience", "keep_last", "clip_grad", "checkpoint_minutes", "label_smoothing"]
+    preflight(COMMANDS["train"], [f"trainer.{k}=0" for k in zeros] + ["trainer.teacher_forcing=1"])
