@@ -402,6 +402,7 @@ _TRAINER_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...
         "an integer >= 0",
     ),
     (("patience",), lambda v: v >= 0, "an integer >= 0 (0 = never stop early)"),
+    (("average_last",), lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     (("accum_steps", "log_every", "val_beam_size"), lambda v: v >= 1, "an integer >= 1"),
     (("weight_decay", "min_lr", "log_seconds"), lambda v: v >= 0, "a number >= 0"),
     (("clip_grad",), lambda v: v >= 0, "a gradient norm >= 0 (0 = no clipping)"),
@@ -475,9 +476,7 @@ def _finishing_problems(t: Any) -> list[str]:
     """trainer.average_last and the decoding grid: checked here, so a run never trains for an hour to
     fail at its end."""
     problems = []
-    if t.average_last < 0:
-        problems.append(f"trainer.average_last={t.average_last}: expected an integer >= 0 (0 = off)")
-    elif t.average_last > t.keep_last >= 0:  # a negative keep_last is _range_problems'
+    if t.average_last > t.keep_last >= 0:  # negative values are _range_problems'
         problems.append(
             f"trainer.average_last={t.average_last} averages the newest step_N.pt checkpoints: needs "
             f"trainer.keep_last >= {t.average_last} (got {t.keep_last})"
