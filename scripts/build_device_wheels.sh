@@ -54,10 +54,16 @@ wheels=(
     anyio==4.16.0
     idna==3.20
     typing-extensions==4.16.0
+    # nmt.serve (jinja2 and markupsafe are on the device, click is above)
+    flask==3.1.3
+    werkzeug==3.1.9
+    waitress==3.0.2
+    itsdangerous==2.2.0
+    blinker==1.9.0
 )
 # Bundled although torch brings them too (filelock, fsspec, typing-extensions): these pins are
 # new enough for datasets, and /tmp/site comes first on PYTHONPATH.
-device_has="torch numpy pyarrow sentencepiece sacrebleu"
+device_has="torch numpy pyarrow sentencepiece sacrebleu jinja2 markupsafe"
 
 rm -rf .whl
 mkdir .whl

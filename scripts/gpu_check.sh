@@ -10,10 +10,13 @@
 #   data/spa-eng/   train.tsv, valid.tsv, test.tsv (copied from ../shared/data/spa-eng)
 #
 # Usage: bash scripts/gpu_check.sh [STAGE ...]
-#   STAGE: install env tests train decode ddp summary cpu peers amp (default: all but cpu, peers and amp)
+#   STAGE: install env tests train decode ddp summary cpu peers amp gaps (default: all but cpu, peers, amp, gaps)
 #   amp: model R's training step on the GPU with bf16 autocast (the default) against float32 (trainer.amp=none),
 #        scripts/benchmark.py --models r,r_fp32 (session 18 suspected the autocast casts of the launch-bound
 #        step loop for nmt's 0.62x OpenNMT-py on an H200); AMP_WINDOWS (5) windows of 30 steps each
+#   gaps: what session 18 left unrun on a GPU, into one log (gaps.log): trainer.amp=fp16 (GradScaler) for
+#        0.5 min, then resumed to 0.75 min; an ensemble (the `train` run's best.pt + the fp16 run's) in
+#        nmt.evaluate on 300 valid lines; nmt.serve on the GPU answering one request
 #   decode: nmt.evaluate of the `train` run's checkpoint on valid.tsv, beam 5, on the GPU (whole command timed)
 #   cpu: the machine's own CPU on 2 pinned cores (taskset), like a 2-core CI machine: GEMM peak,
 #        the precision and tanh choices nmt.train makes there, and model R's step in bf16 against float32
@@ -45,7 +48,7 @@ stage() {
     local name=$1 log=$2 limit=$3
     shift 3
     say "$name"
-    timeout "$limit" "$@" 2>&1 | tee "$OUT/$log"
+    timeout "$limit" "$@" 2>&1 | tee -a "$OUT/$log"
     local rc=${PIPESTATUS[0]}
     [[ $rc -eq 0 ]] || { failed+=("$name (exit $rc, see $log)"); say "$name FAILED: exit $rc"; }
 }
@@ -157,6 +160,54 @@ if want amp && [[ -f data/spa-eng/train.tsv ]]; then
         $PYTHON scripts/benchmark.py --models r,r_fp32 --device "${TRAIN_DEVICE:-cuda}" --data data/spa-eng \
         --windows "${AMP_WINDOWS:-5}" --decode-sentences 200 --no-efficiency
     grep -E "^\| (model|r|r_fp32) " "$OUT/amp.log" | tee -a "$OUT/summary.txt"
+fi
+
+if want gaps && [[ -f data/spa-eng/train.tsv ]]; then
+    dev=${TRAIN_DEVICE:-cuda}
+    head -n 300 data/spa-eng/valid.tsv >"$RUNS/valid300.tsv"
+    fp16_args=("device=$dev" experiment=model_r wandb.mode=disabled trainer.amp=fp16 trainer.valid_every=150
+        trainer.tune_decoding=false data.valid_max_sentences=300 data.dir=data/spa-eng data.fetch=false
+        "hydra.run.dir=$RUNS/fp16")
+    rm -rf "$RUNS/fp16"
+    stage "gaps: nmt.train trainer.amp=fp16 (GradScaler) on $dev, 0.5 min" gaps.log 150 \
+        $PYTHON -m nmt.train "${fp16_args[@]}" trainer.max_minutes=0.5
+    stage "gaps: the fp16 run resumed to 0.75 min" gaps.log 150 \
+        $PYTHON -m nmt.train "${fp16_args[@]}" trainer.max_minutes=0.75 trainer.resume=true
+    grep -E "precision|amp|resum|BLEU|stopped|finished" "$OUT/gaps.log" | head -20 >>"$OUT/summary.txt"
+    if [[ -f $RUNS/single/checkpoints/best.pt && -f $RUNS/fp16/checkpoints/best.pt ]]; then
+        stage "gaps: nmt.evaluate, ensemble of two checkpoints, beam 5, 300 valid lines on $dev" gaps.log 120 \
+            $PYTHON -m nmt.evaluate "checkpoint=$RUNS/single/checkpoints/best.pt" \
+            "ensemble=[$RUNS/fp16/checkpoints/best.pt]" "input=$RUNS/valid300.tsv" beam_size=5 "device=$dev"
+        tail -3 "$OUT/gaps.log" >>"$OUT/summary.txt"
+    else
+        failed+=("gaps: ensemble (the train or fp16 stage saved no best.pt)")
+    fi
+    ckpt=$RUNS/fp16/checkpoints/best.pt
+    if [[ -f $ckpt ]]; then
+        say "gaps: nmt.serve on $dev, one request"
+        $PYTHON -m nmt.serve "checkpoint=$ckpt" "device=$dev" port=8765 >>"$OUT/gaps.log" 2>&1 &
+        server=$!
+        $PYTHON - <<'EOF' 2>&1 | tee -a "$OUT/gaps.log" "$OUT/summary.txt"
+import json, time, urllib.request
+body = json.dumps({"text": "I would like a cup of coffee, please."}).encode()
+for _ in range(90):
+    try:
+        req = urllib.request.Request("http://127.0.0.1:8765/api/translate", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as answer:
+            reply = json.loads(answer.read())
+            print("nmt.serve answered:", json.dumps({k: reply[k] for k in ("source", "translation", "score")}))
+            break
+    except OSError:
+        time.sleep(1)
+else:
+    raise SystemExit("nmt.serve did not answer within 90 s")
+EOF
+        [[ ${PIPESTATUS[0]} -eq 0 ]] || failed+=("gaps: nmt.serve (see gaps.log)")
+        kill "$server" 2>/dev/null
+        wait "$server" 2>/dev/null
+    else
+        failed+=("gaps: serve (the fp16 stage saved no best.pt)")
+    fi
 fi
 
 if want cpu; then
