@@ -91,10 +91,12 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    """Restore ``rng_state()``. The generator states must be CPU byte tensors, and a checkpoint loaded
+    with ``map_location=cuda`` (resume on a GPU) brings them to the GPU: they go back to the CPU here."""
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 @dataclass
