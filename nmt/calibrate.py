@@ -16,6 +16,11 @@ Two stages, both on this model's own weights and shapes:
    seconds, the median of each. bf16 is kept only when at least ``BF16_MARGIN`` faster: float32
    is the more exact, and a near-tie would flip with noise.
 
+On CUDA (``calibrate_cuda``) the same alternating pairs time whole training steps in float32 against
+CUDA autocast in bf16, synchronised: on an H100, model R's launch-bound step loop ran 0.68-0.73x as
+fast under bf16 autocast as in float32 (session 21, docs/benchmarks.md), so a GPU flag is no better
+a guide than a CPU flag.
+
 The result is cached, one small JSON file per key under ``trainer.amp_cache`` ($NMT_CACHE/precision,
 beside the sentencepiece cache), keyed by the CPU model, the torch version, the thread count and
 the model's shape, so later runs on the same machine measure nothing. The timing is a seam:
@@ -75,7 +80,7 @@ def cpu_has_native_bf16() -> bool:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What ``trainer.amp=auto`` measures on CPU, and where it keeps the result."""
+    """What ``trainer.amp=auto`` measures (on a CPU, or a GPU: ``calibrate_cuda``), and where it keeps the result."""
 
     max_tokens: int = 2000  # data.max_tokens: the synthetic batch holds about this many target tokens
     cache_dir: str | None = None  # trainer.amp_cache; None = measure every time, keep nothing
@@ -98,12 +103,14 @@ class Measured:
     cached_at: str | None = None  # when the cached measurement was taken; None = measured now
     seconds: float = 0.0  # how long measuring took (0 when read from the cache)
     forces: str = "trainer.amp"  # the key that forces a choice (the decoding commands': amp)
+    products: str = "bf16 products"  # what bf16 means where it was measured (on CUDA: "bf16 autocast")
 
     def reason(self) -> str:
-        """Why, for the log: ``measured: bf16 products 0.62x the speed of float32 on CPU …; cached …``."""
+        """Why, for the log: ``measured: bf16 products 0.62x the speed of float32 on CPU …; cached …``.
+        ``cpu`` names the device measured (a GPU's name on CUDA, where ``threads`` is 0 and not given)."""
         what = BASES.get(self.basis, self.basis)
-        where = f"{self.cpu}, {self.threads} thread{'s' * (self.threads != 1)}"
-        text = f"measured: bf16 products {self.ratio:.2f}x the speed of float32 ({what}) on {where}"
+        where = f"{self.cpu}, {self.threads} thread{'s' * (self.threads != 1)}" if self.threads else self.cpu
+        text = f"measured: {self.products} {self.ratio:.2f}x the speed of float32 ({what}) on {where}"
         if self.cached_at:
             text += f"; cached {self.cached_at} in {self.cache} (delete it to measure again)"
         else:
@@ -161,6 +168,29 @@ class StepTimer:
         return seconds
 
 
+class AutocastStepTimer(StepTimer):
+    """StepTimer on a CUDA device: float32 against CUDA autocast in bf16 (how ``trainer.amp=bf16`` trains
+    there, the loss inside autocast as in ``Trainer.train_step``), synchronised before and after so the
+    seconds are the device's, not the launches'. src_len stays on the CPU, as ``Batch.to`` keeps it."""
+
+    def __init__(self, model: Seq2Seq, cal: Calibration, device: torch.device):
+        super().__init__(model, cal)
+        self.device = device
+        self.src, self.tgt_in, self.tgt_out = (t.to(device) for t in (self.src, self.tgt_in, self.tgt_out))
+
+    def __call__(self, dtype: torch.dtype | None) -> float:
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype is not None):
+            logits, _ = self.model(self.src, self.src_len, self.tgt_in, self.cal.teacher_forcing)
+            loss = nll_loss(logits, self.tgt_out, self.cal.label_smoothing)
+        loss.backward()
+        torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        self.model.zero_grad(set_to_none=True)
+        return seconds
+
+
 class ProductTimer:
     """Seconds of one time step's vocabulary projection, [B, O] · [O, V] with the decoder's own
     output weight (B = max_tokens // LENGTH, or ``rows``), both operands already in the dtype (as
@@ -182,16 +212,16 @@ class ProductTimer:
         return time.perf_counter() - start
 
 
-def measure(timer: Timer) -> tuple[float, float]:
+def measure(timer: Timer, repeats: int = REPEATS) -> tuple[float, float]:
     """(float32, bf16) median seconds: a warm-up pair, then alternating pairs (so drift in the
-    machine's load falls on both alike) until REPEATS pairs or BUDGET_S seconds."""
+    machine's load falls on both alike) until ``repeats`` pairs or BUDGET_S seconds."""
     for _ in range(WARMUP):
         timer(None)
         timer(torch.bfloat16)
     f32: list[float] = []
     bf16: list[float] = []
     start = time.monotonic()
-    while len(f32) < REPEATS and (not f32 or time.monotonic() - start < BUDGET_S):
+    while len(f32) < repeats and (not f32 or time.monotonic() - start < BUDGET_S):
         f32.append(timer(None))
         bf16.append(timer(torch.bfloat16))
     return statistics.median(f32), statistics.median(bf16)
@@ -249,12 +279,38 @@ def calibrate(model: Seq2Seq, cal: Calibration) -> Measured:
     return _measured(entry, path, cached_at, "trainer.amp")
 
 
-def _measured(entry: dict, path: Path | None, cached_at: str | None, forces: str) -> Measured:
+CUDA_REPEATS = 8  # timed step pairs on a GPU (a step takes milliseconds there; BUDGET_S still caps them)
+
+
+def calibrate_cuda(model: Seq2Seq, cal: Calibration, device: torch.device) -> Measured:
+    """Float32 or bf16 autocast for training ``model`` on this GPU: from the cache (keyed by the GPU's
+    name, torch, CUDA and the model), else whole steps timed (``AutocastStepTimer``, or ``cal.timer``)
+    and saved. The CPU and this GPU's random streams are left as they were."""
+    gpu = torch.cuda.get_device_name(device)
+    key = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "model": model_signature(model, cal)}
+
+    def run() -> dict:
+        step = cal.timer or AutocastStepTimer(model, cal, device)
+        was_training, start = model.training, time.monotonic()
+        with torch.random.fork_rng(devices=[device] if torch.cuda.is_available() else []):
+            model.train()
+            f32, bf16 = measure(step, CUDA_REPEATS)
+        model.train(was_training)
+        return {"float32_s": f32, "bf16_s": bf16, "basis": "steps", "seconds": time.monotonic() - start}
+
+    entry, path, cached_at = _cached(cal.cache_dir, key, run)
+    return _measured(entry, path, cached_at, "trainer.amp", products="bf16 autocast")
+
+
+def _measured(
+    entry: dict, path: Path | None, cached_at: str | None, forces: str, products: str = "bf16 products"
+) -> Measured:
     """A cache entry (``_cached``) as the decision it makes: bf16 when at least BF16_MARGIN faster."""
     ratio = entry["float32_s"] / entry["bf16_s"]
     seconds = 0.0 if cached_at else entry["seconds"]
     key, basis = entry["key"], entry.get("basis", "steps")
-    return Measured(ratio >= BF16_MARGIN, ratio, key["cpu"], key["threads"], basis, path, cached_at, seconds, forces)
+    where, threads = key.get("cpu") or key["gpu"], key.get("threads", 0)
+    return Measured(ratio >= BF16_MARGIN, ratio, where, threads, basis, path, cached_at, seconds, forces, products)
 
 
 def _cached(cache_dir: str | None, key: dict, measure_fn: Callable[[], dict]) -> tuple[dict, Path | None, str | None]:

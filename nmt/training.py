@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from nmt import allocator, shortlist
-from nmt.calibrate import Calibration, calibrate, warn_if_emulated
+from nmt.calibrate import Calibration, calibrate, calibrate_cuda, warn_if_emulated
 from nmt.config import TrainConfig
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.data.tokenizer import Tokenizer
@@ -77,7 +77,9 @@ def build_precision(
 ) -> Precision:
     """``trainer.amp`` → the step's precision; sets the model's matrix-product dtype (the one place that does).
 
-    CUDA: autocast in bf16/fp16 (a GradScaler for fp16); ``auto`` is bf16 where the GPU supports it.
+    CUDA: autocast in bf16/fp16 (a GradScaler for fp16); ``auto`` measures whether bf16 autocast is
+    faster than float32 for this model on this GPU (nmt.calibrate.calibrate_cuda, cached per GPU model;
+    float32 where the GPU has no bf16).
     CPU: autocasting the whole step loses (it casts per op and per time step), so bf16 means that
     only the big products (vocabulary projection, the RNN loops' GEMMs) run in bf16, weights cast
     once per pass. ``auto`` measures whether that is faster than float32 for this model on this CPU
@@ -89,10 +91,16 @@ def build_precision(
     if device.type == "cpu":
         return _cpu_precision(amp, device, model, calibration or Calibration(), dist or Dist())
     model.set_matmul_dtype(None)
-    dtype = dtypes[amp]
-    if amp == "auto":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    dtype, why = dtypes[amp], f"trainer.amp={amp}"
+    if amp == "auto" and not torch.cuda.is_bf16_supported():
+        why = "trainer.amp=auto: this GPU has no bf16"
+    elif amp == "auto":
+        dist = dist or Dist()
+        measured = calibrate_cuda(model, calibration or Calibration(), device) if dist.is_main else None
+        measured = dist.broadcast(measured)
+        dtype, why = (torch.bfloat16 if measured.bf16 else None), measured.reason()
     description = "float32" if dtype is None else f"{'bf16' if dtype == torch.bfloat16 else amp} autocast"
+    description += f" ({why})"
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
     return Precision(device, dtype, description, scaler)
 

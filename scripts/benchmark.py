@@ -85,6 +85,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS = {
     "r": ["experiment=model_r"],
     "r_fp32": ["experiment=model_r", "trainer.amp=none"],
+    "r_bf16": ["experiment=model_r", "trainer.amp=bf16"],  # forced (CPU: bf16 products; CUDA: bf16 autocast)
     "r_luong_feed": ["experiment=model_r", "decoder=luong", "decoder.input_feeding=true"],
     "r_luong_nofeed": ["experiment=model_r", "decoder=luong", "decoder.input_feeding=false"],
 }

@@ -11,9 +11,10 @@
 #
 # Usage: bash scripts/gpu_check.sh [STAGE ...]
 #   STAGE: install env tests train decode ddp summary cpu peers amp gaps (default: all but cpu, peers, amp, gaps)
-#   amp: model R's training step on the GPU with bf16 autocast (the default) against float32 (trainer.amp=none),
-#        scripts/benchmark.py --models r,r_fp32 (session 18 suspected the autocast casts of the launch-bound
-#        step loop for nmt's 0.62x OpenNMT-py on an H200); AMP_WINDOWS (5) windows of 30 steps each
+#   amp: model R's training step on the GPU: the default (trainer.amp=auto, measured per GPU since session 21),
+#        bf16 autocast forced (trainer.amp=bf16) and float32 (trainer.amp=none): scripts/benchmark.py
+#        --models r,r_bf16,r_fp32 (on an H100 bf16 autocast ran 0.68-0.73x float32 for model R, session 21);
+#        AMP_WINDOWS (5) windows of 30 steps each
 #   gaps: what session 18 left unrun on a GPU, into one log (gaps.log): trainer.amp=fp16 (GradScaler) for
 #        0.5 min, then resumed to 0.75 min; an ensemble (the `train` run's best.pt + the fp16 run's) in
 #        nmt.evaluate on 300 valid lines; nmt.serve on the GPU answering one request
@@ -156,10 +157,10 @@ EOF
 fi
 
 if want amp && [[ -f data/spa-eng/train.tsv ]]; then
-    stage "amp: model R on ${TRAIN_DEVICE:-cuda}, bf16 autocast (r) against float32 (r_fp32)" amp.log 300 \
-        $PYTHON scripts/benchmark.py --models r,r_fp32 --device "${TRAIN_DEVICE:-cuda}" --data data/spa-eng \
+    stage "amp: model R on ${TRAIN_DEVICE:-cuda}: trainer.amp=auto (r), bf16 (r_bf16), none (r_fp32)" amp.log 300 \
+        $PYTHON scripts/benchmark.py --models r,r_bf16,r_fp32 --device "${TRAIN_DEVICE:-cuda}" --data data/spa-eng \
         --windows "${AMP_WINDOWS:-5}" --decode-sentences 200 --no-efficiency
-    grep -E "^\| (model|r|r_fp32) " "$OUT/amp.log" | tee -a "$OUT/summary.txt"
+    grep -E "^\| (model|r|r_bf16|r_fp32) |precision" "$OUT/amp.log" | tee -a "$OUT/summary.txt"
 fi
 
 if want gaps && [[ -f data/spa-eng/train.tsv ]]; then

@@ -370,7 +370,7 @@ def test_precision_choices_on_cuda():
     assert isinstance(none.autocast(), contextlib.nullcontext)
 
 
-@pytest.mark.skipif(not REAL, reason="GPU only (NMT_TEST_DEVICE=cuda, scripts/gpu_check.sh): needs real CUDA generators")
+@pytest.mark.skipif(not REAL, reason="GPU only (NMT_TEST_DEVICE=cuda, scripts/gpu_check.sh): real CUDA generators")
 def test_rng_state_resumes_from_a_checkpoint_loaded_onto_the_gpu(tmp_path):
     """Resuming on a GPU loads the checkpoint with ``map_location=cuda``, which moves the saved generator
     states onto the GPU; ``set_rng_state`` must still restore both the CPU and the CUDA streams (it raised
@@ -387,3 +387,52 @@ def test_rng_state_resumes_from_a_checkpoint_loaded_onto_the_gpu(tmp_path):
     set_rng_state(loaded)
     assert torch.equal(torch.rand(4), expected[0])
     assert torch.equal(torch.rand(4, device=CUDA).cpu(), expected[1])
+
+
+@pytest.mark.parametrize("speed", [0.7, 1.3])
+def test_auto_precision_on_cuda_is_measured_and_cached(tmp_path, speed):
+    """``trainer.amp=auto`` on CUDA times float32 against bf16 autocast (``calibrate_cuda``) and keeps
+    bf16 autocast only where it is faster by BF16_MARGIN; the next run reads the choice from the cache
+    (keyed by the GPU's name). ``speed``: bf16 autocast's speed over float32's, from a fake clock."""
+    from nmt.calibrate import Calibration
+
+    model = build()
+    hardware = (
+        contextlib.nullcontext()
+        if REAL
+        else mock.patch.multiple(
+            "torch.cuda", is_bf16_supported=lambda *a, **k: True, get_device_name=lambda *a, **k: "Fake GPU"
+        )
+    )
+
+    def unused(dtype):
+        raise AssertionError("measured again instead of reading the cache")
+
+    with hardware:
+        clock = Calibration(cache_dir=str(tmp_path), timer=lambda dtype: 1.0 if dtype is None else 1.0 / speed)
+        first = build_precision("auto", CUDA, model, clock)
+        again = build_precision("auto", CUDA, model, Calibration(cache_dir=str(tmp_path), timer=unused))
+    expected = torch.bfloat16 if speed > 1 else None
+    assert first.autocast_dtype == expected and again.autocast_dtype == expected
+    assert first.description.startswith("bf16 autocast (" if expected else "float32 (")
+    assert f"measured: bf16 autocast {speed:.2f}x the speed of float32 (training steps) on " in first.description
+    assert "cached" in again.description and "cached" not in first.description
+    assert not first.scaler.is_enabled()
+
+
+@pytest.mark.skipif(not REAL, reason="GPU only (NMT_TEST_DEVICE=cuda, scripts/gpu_check.sh): real training steps")
+def test_auto_precision_times_real_steps_on_the_gpu():
+    """The real timer: whole forward+backward steps of the model on the GPU, float32 and bf16 autocast,
+    leaving the weights, the gradients and the random streams as they were."""
+    from nmt.calibrate import Calibration
+
+    model = build().to(CUDA)
+    before = [p.detach().clone() for p in model.parameters()]
+    torch.manual_seed(5)
+    expected = torch.rand(3, device=CUDA)
+    torch.manual_seed(5)
+    precision = build_precision("auto", CUDA, model, Calibration(max_tokens=200))
+    assert "measured: bf16 autocast " in precision.description and "(training steps)" in precision.description
+    assert torch.equal(torch.rand(3, device=CUDA), expected)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
