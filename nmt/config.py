@@ -143,11 +143,11 @@ class TrainerConfig:
     label_smoothing: float = 0.1
     # Probability of feeding the reference token; < 1 = scheduled sampling (forces the step loop).
     teacher_forcing: float = 1.0
-    # auto | bf16 | fp16 | none. CUDA: autocast (auto = bf16 where supported). CPU: bf16 applies to the big
-    # matrix products only (vocabulary projection, the RNN step loops' GEMMs); auto times a few steps of the
-    # model both ways at startup (cached per CPU model in amp_cache) and keeps the faster; bf16 forces them.
+    # auto | bf16 | fp16 | none. CUDA: autocast in bf16/fp16. CPU: bf16 applies to the big matrix products
+    # only (vocabulary projection, the RNN step loops' GEMMs). auto times a few steps of the model both ways
+    # at startup (cached per CPU or GPU model in amp_cache) and keeps the faster; bf16 forces.
     amp: str = "auto"
-    # Where trainer.amp=auto keeps its per-CPU measurements (null: measure at every start).
+    # Where trainer.amp=auto keeps its per-CPU/GPU measurements (null: measure at every start).
     amp_cache: str | None = "${oc.env:NMT_CACHE,'~/.cache/nmt'}/precision"
     # auto | system. auto: on CPU with glibc, freed memory stays in the process for the next step instead of
     # being unmapped and faulted in again (nmt.allocator; faster, keeps the peak memory); system: malloc as is.
