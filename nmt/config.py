@@ -413,18 +413,41 @@ _TRAINER_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...
     (("teacher_forcing",), lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
 )
 
+# The other sections' numeric keys, where a value out of range would otherwise surface only after the
+# corpus and sentencepiece (a zero-width RNN, an empty batch budget) or not at all (a negative cap).
+_SECTION_RANGES: dict[str, tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...]] = {
+    "data": (
+        (("max_len", "max_tokens", "bucket_size"), lambda v: v >= 1, "an integer >= 1"),
+        (("shuffle_buffer",), lambda v: v >= 0, "an integer >= 0 (0 or 1 = no shuffling)"),
+        (("valid_max_sentences",), lambda v: v >= 0, "an integer >= 0 (0 = all)"),
+    ),
+    "tokenizer": (
+        (("vocab_size", "sample_size"), lambda v: v >= 1, "an integer >= 1"),
+        (("character_coverage",), lambda v: 0 < v <= 1, "a share in (0, 1]"),
+    ),
+    "encoder": ((("emb_size", "hidden_size", "layers"), lambda v: v >= 1, "an integer >= 1"),),
+    "decoder": ((("emb_size", "hidden_size", "layers"), lambda v: v >= 1, "an integer >= 1"),),
+    "attention": ((("dim",), lambda v: v >= 0, "an integer >= 0 (0 = the decoder's hidden size)"),),
+}
 
-def _range_problems(t: Any) -> list[str]:
-    """Every numeric trainer key outside the values that mean something (_TRAINER_RANGES)."""
-    bad = [(k, expected) for keys, ok, expected in _TRAINER_RANGES for k in keys if not ok(t[k])]
-    return [f"trainer.{k}={t[k]}: expected {expected}" for k, expected in bad]
+
+def _range_problems(cfg: Any) -> list[str]:
+    """Every numeric key outside the values that mean something (_TRAINER_RANGES, _SECTION_RANGES)."""
+    tables = {"trainer": _TRAINER_RANGES, **_SECTION_RANGES}
+    return [
+        f"{section}.{k}={cfg[section][k]}: expected {expected}"
+        for section, table in tables.items()
+        for keys, ok, expected in table
+        for k in keys
+        if not ok(cfg[section][k])
+    ]
 
 
 def _train_problems(cfg: Any) -> list[str]:
     """Combinations that today fail only after the corpus, sentencepiece and the model are built."""
     problems = []
     a, enc, dec = cfg.attention, cfg.encoder, cfg.decoder
-    problems += _range_problems(cfg.trainer)
+    problems += _range_problems(cfg)
     problems += _finishing_problems(cfg.trainer)
     problems += _schedule_problems(cfg.trainer)
     if cfg.data.num_workers not in (0, 1):

@@ -78,9 +78,16 @@ def test_missing_corpus_says_what_to_run(tmp_path):
         ("trainer.label_smoothing=1", "trainer.label_smoothing=1.0: expected a share in [0, 1)"),
         ("trainer.teacher_forcing=1.5", "trainer.teacher_forcing=1.5: expected a probability in [0, 1]"),
         ("trainer.log_every=0", "trainer.log_every=0: expected an integer >= 1"),
+        ("data.max_tokens=0", "data.max_tokens=0: expected an integer >= 1"),
+        ("data.valid_max_sentences=-5", "data.valid_max_sentences=-5: expected an integer >= 0"),
+        ("encoder.hidden_size=0", "encoder.hidden_size=0: expected an integer >= 1"),
+        ("decoder.layers=0", "decoder.layers=0: expected an integer >= 1"),
+        ("tokenizer.vocab_size=-8000", "tokenizer.vocab_size=-8000: expected an integer >= 1"),
+        ("tokenizer.character_coverage=1.5", "tokenizer.character_coverage=1.5: expected a share in (0, 1]"),
+        ("attention.dim=-1", "attention.dim=-1: expected an integer >= 0"),
     ],
 )
-def test_numeric_trainer_keys_out_of_range_are_refused(override, expect):
+def test_numeric_keys_out_of_range_are_refused(override, expect):
     """Checked in the preflight, one line per key (the subprocess case above shows it reaches the user so)."""
     from nmt.cli import COMMANDS, Stop, preflight
 
@@ -94,3 +101,4 @@ def test_the_edges_that_mean_off_are_accepted():
 
     zeros = ["max_steps", "max_minutes", "patience", "keep_last", "clip_grad", "checkpoint_minutes", "label_smoothing"]
     preflight(COMMANDS["train"], [f"trainer.{k}=0" for k in zeros] + ["trainer.teacher_forcing=1"])
+    preflight(COMMANDS["train"], ["data.shuffle_buffer=0", "data.valid_max_sentences=0", "attention.dim=0"])
