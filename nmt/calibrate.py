@@ -17,7 +17,7 @@ Two stages, both on this model's own weights and shapes:
    is the more exact, and a near-tie would flip with noise.
 
 On CUDA (``calibrate_cuda``) the same alternating pairs time whole training steps in float32 against
-CUDA autocast in bf16, synchronised: on an H100, model R's launch-bound step loop ran 0.68-0.73x as
+CUDA autocast in bf16, synchronised: on an H100, model R's launch-bound step loop ran 0.68-0.86x as
 fast under bf16 autocast as in float32 (session 21, docs/benchmarks.md), so a GPU flag is no better
 a guide than a CPU flag.
 

@@ -13,7 +13,7 @@
 #   STAGE: install env tests train decode ddp summary cpu peers amp gaps (default: all but cpu, peers, amp, gaps)
 #   amp: model R's training step on the GPU: the default (trainer.amp=auto, measured per GPU since session 21),
 #        bf16 autocast forced (trainer.amp=bf16) and float32 (trainer.amp=none): scripts/benchmark.py
-#        --models r,r_bf16,r_fp32 (on an H100 bf16 autocast ran 0.68-0.73x float32 for model R, session 21);
+#        --models r,r_bf16,r_fp32 (on an H100 bf16 autocast ran 0.68-0.86x float32 for model R, session 21);
 #        AMP_WINDOWS (5) windows of 30 steps each
 #   gaps: what session 18 left unrun on a GPU, into one log (gaps.log): trainer.amp=fp16 (GradScaler) for
 #        0.5 min, then resumed to 0.75 min; an ensemble (the `train` run's best.pt + the fp16 run's) in
