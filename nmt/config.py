@@ -415,18 +415,25 @@ _TRAINER_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...
 
 # The other sections' numeric keys, where a value out of range would otherwise surface only after the
 # corpus and sentencepiece (a zero-width RNN, an empty batch budget) or not at all (a negative cap).
+# A key whose value is None (emb_dropout: the same as dropout) is not checked.
+_PROBABILITY = (lambda v: 0 <= v < 1, "a probability in [0, 1)")
+_RNN_RANGES = (
+    (("emb_size", "hidden_size", "layers"), lambda v: v >= 1, "an integer >= 1"),
+    (("dropout", "emb_dropout"), *_PROBABILITY),
+)
 _SECTION_RANGES: dict[str, tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...]] = {
     "data": (
         (("max_len", "max_tokens", "bucket_size"), lambda v: v >= 1, "an integer >= 1"),
         (("shuffle_buffer",), lambda v: v >= 0, "an integer >= 0 (0 or 1 = no shuffling)"),
         (("valid_max_sentences",), lambda v: v >= 0, "an integer >= 0 (0 = all)"),
+        (("src_word_dropout", "tgt_word_dropout"), *_PROBABILITY),
     ),
     "tokenizer": (
         (("vocab_size", "sample_size"), lambda v: v >= 1, "an integer >= 1"),
         (("character_coverage",), lambda v: 0 < v <= 1, "a share in (0, 1]"),
     ),
-    "encoder": ((("emb_size", "hidden_size", "layers"), lambda v: v >= 1, "an integer >= 1"),),
-    "decoder": ((("emb_size", "hidden_size", "layers"), lambda v: v >= 1, "an integer >= 1"),),
+    "encoder": _RNN_RANGES,
+    "decoder": _RNN_RANGES,
     "attention": ((("dim",), lambda v: v >= 0, "an integer >= 0 (0 = the decoder's hidden size)"),),
 }
 
@@ -439,7 +446,7 @@ def _range_problems(cfg: Any) -> list[str]:
         for section, table in tables.items()
         for keys, ok, expected in table
         for k in keys
-        if not ok(cfg[section][k])
+        if cfg[section][k] is not None and not ok(cfg[section][k])
     ]
 
 
@@ -454,13 +461,8 @@ def _train_problems(cfg: Any) -> list[str]:
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
     if cfg.data.source == "hub" and not cfg.data.hub_path:
         problems.append("data.source=hub needs data.hub_path (e.g. Helsinki-NLP/opus-100)")
-    for key in ("encoder.dropout", "encoder.emb_dropout", "decoder.dropout", "decoder.emb_dropout"):
-        section, _, name = key.partition(".")
-        p = cfg[section].get(name)
-        if p is not None and not 0.0 <= p < 1.0:
-            problems.append(f"{key}={p}: expected a probability in [0, 1)")
     problems += _model_problems(cfg)
-    problems += _regulariser_problems(cfg.data, cfg.tokenizer)
+    problems += _sampling_problems(cfg.tokenizer)
     if a.name == "dot" and dec.hidden_size != 2 * enc.hidden_size:
         problems.append(
             f"attention=dot needs decoder.hidden_size ({dec.hidden_size}) == 2 * encoder.hidden_size "
@@ -540,13 +542,9 @@ def _model_problems(cfg: Any) -> list[str]:
     return problems
 
 
-def _regulariser_problems(data: Any, tok: Any) -> list[str]:
-    """Word dropout rates and subword sampling settings (nmt.data.batching.word_dropout, Sampling)."""
-    problems = [
-        f"data.{key}={getattr(data, key)}: expected a probability in [0, 1)"
-        for key in ("src_word_dropout", "tgt_word_dropout")
-        if not 0 <= getattr(data, key) < 1
-    ]
+def _sampling_problems(tok: Any) -> list[str]:
+    """Subword sampling settings (nmt.data.batching.Sampling); the word dropout rates are in _SECTION_RANGES."""
+    problems = []
     if tok.sample_alpha < 0:
         problems.append(f"tokenizer.sample_alpha={tok.sample_alpha}: expected >= 0 (0 = no subword sampling)")
     elif tok.model_type == "bpe" and tok.sample_alpha >= 1:
