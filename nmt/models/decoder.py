@@ -158,7 +158,7 @@ class Decoder(nn.Module):
             return layer
         if torch.is_grad_enabled():
             return self.rnn.linear(layer)
-        return CastLinear(layer.weight, layer.bias, dtype, torch.float32)
+        return CastLinear(layer.weight, layer.bias, dtype, torch.float32, pack=self.rnn.impl == "loop")
 
     def pass_products(self, vocab: torch.Tensor | None = None) -> PassProducts:
         """This pass's products (PassProducts): the readout / combine as ``linear`` makes it; the vocabulary
@@ -174,7 +174,8 @@ class Decoder(nn.Module):
         # Logits in the product dtype, as Decoder.logits gives them (an int8 layer makes its own product).
         if vocab is not None:
             return PassProducts(rnn, read, output_rows(self.out, vocab, dtype))
-        out = CastLinear(self.out.weight, self.out.bias, dtype) if type(self.out) is nn.Linear else self.out
+        pack = self.rnn.impl == "loop"  # the fast path's search: weights blocked once (rnn.packed_weight)
+        out = CastLinear(self.out.weight, self.out.bias, dtype, pack=pack) if type(self.out) is nn.Linear else self.out
         return PassProducts(rnn, read, out)
 
     # ---- interface ----

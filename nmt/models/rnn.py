@@ -158,23 +158,60 @@ class StepLinear:
         self.bias = bias
         self.w = weight.detach().to(dtype or weight.dtype)  # cast once per pass
         self.taped = torch.is_grad_enabled() and weight.requires_grad
+        self.packed = None
         if self.taped:
             self.tape = _Tape()
             self.token = _WeightGrad.apply(weight, self.tape)
+        else:  # a search or validation: a bf16 weight blocked once for oneDNN as well (CastLinear)
+            self.packed = packed_weight(self.w)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.taped:
             y = _Step.apply(x, self.token, self.w, self.tape)
+        elif self.packed is not None:
+            y = packed_linear(x.to(self.w.dtype), self.packed, None).to(x.dtype)
         else:
             y = F.linear(x.to(self.w.dtype), self.w).to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+
+def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
+    """A bf16 weight [O, I] in oneDNN's own blocked layout, for products without autograd that reuse it
+    many times (every step of a search), or None where that is not available (not bf16, not on a CPU, a
+    PyTorch without oneDNN or without the op). ``F.linear`` hands oneDNN the plain weight, which it
+    re-blocks at every call; ``packed_linear`` over a packed weight skips that, with the same result, bit
+    for bit. The tensor holds the blocked data behind a plain [O, I] shape: use it with ``packed_linear``
+    only. These are PyTorch's own ops for this (``torch.ops.mkldnn``, what its compiler's CPU weight
+    prepacking calls), so a PyTorch without them keeps ``F.linear``."""
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not _packing_available():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 256)  # 256: a row-count hint for the layout
+
+
+@functools.cache
+def _packing_available() -> bool:
+    """Whether this PyTorch blocks and multiplies bf16 weights with oneDNN's ops (tried once, on a tiny one)."""
+    try:
+        w = torch.eye(16, dtype=torch.bfloat16)
+        x = torch.ones(2, 16, dtype=torch.bfloat16)
+        y = packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(w, 256), None)
+        return bool(torch.backends.mkldnn.is_available()) and torch.equal(y, x)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [.., I] (bf16) → x Wᵀ + b [.., O] in bf16, W from ``packed_weight``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 class CastLinear:
     """x [.., I] → x Wᵀ + b [.., O] for passes without autograd (search, validation): W and b cast to
     ``dtype`` once, when the pass starts, instead of at every call as autocast does (for an 8,000-way
     vocabulary projection that cast is ~7% of a bf16 search step). The product comes out in ``dtype``,
-    or in ``out_dtype`` when given.
+    or in ``out_dtype`` when given. ``pack`` (the ``loop`` implementation's search and validation): a
+    bf16 weight is also blocked once for oneDNN (``packed_weight``), which the plain product redoes at
+    every call.
     """
 
     def __init__(
@@ -183,13 +220,16 @@ class CastLinear:
         bias: torch.Tensor | None,
         dtype: torch.dtype,
         out_dtype: torch.dtype | None = None,
+        pack: bool = False,
     ):
         self.w = weight.detach().to(dtype)
         self.b = None if bias is None else bias.detach().to(dtype)
         self.out_dtype = out_dtype
+        self.packed = packed_weight(self.w) if pack else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x.to(self.w.dtype), self.w, self.b)
+        x = x.to(self.w.dtype)
+        y = F.linear(x, self.w, self.b) if self.packed is None else packed_linear(x, self.packed, self.b)
         return y if self.out_dtype is None else y.to(self.out_dtype)
 
 

@@ -28,6 +28,13 @@ class Seq2Seq(nn.Module):
             if isinstance(m, RNN):
                 m.matmul_dtype = dtype
 
+    @property
+    def fast_search(self) -> bool:
+        """Whether a search over this model takes the CPU fast path's kernels (nmt.search.blocked_topk):
+        on a CPU, when its RNNs run the ``loop`` implementation, the fast path chosen at build time
+        (model.rnn_impl; ``eager`` keeps every part of a search plain). A GPU's own top-k is fast already."""
+        return self.decoder.rnn.impl == "loop" and self.decoder.out.weight.device.type == "cpu"
+
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> EncoderOutput:
         return self.encoder(src, src_len)
 
@@ -71,6 +78,10 @@ class Ensemble(nn.Module):
         """Every member's product dtype (Seq2Seq.set_matmul_dtype)."""
         for m in self.members:
             m.set_matmul_dtype(dtype)
+
+    @property
+    def fast_search(self) -> bool:
+        return all(m.fast_search for m in self.members)
 
     def start(self, src: torch.Tensor, src_len: torch.Tensor, vocab: torch.Tensor | None = None) -> EnsembleState:
         return EnsembleState(m.start(src, src_len, vocab) for m in self.members)

@@ -1,0 +1,134 @@
+"""The CPU fast path's search kernels (``rnn_impl=loop``): blocked top-k and oneDNN-packed bf16 products,
+each against the plain version beside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from nmt.config import TrainConfig
+from nmt.data.batching import collate
+from nmt.models.build import build_model
+from nmt.models.rnn import CastLinear, _packing_available, packed_linear, packed_weight
+from nmt.models.seq2seq import Ensemble
+from nmt.search import SearchOptions, beam_search, blocked_topk, row_topk
+
+NEG_INF = float("-inf")
+
+
+def check_topk(x: torch.Tensor, k: int, block: int) -> None:
+    """blocked_topk gives torch.topk's values, best first, and columns that hold those values."""
+    top, idx = blocked_topk(x, k, block)
+    ref, _ = row_topk(x, k)
+    assert top.shape == idx.shape == (x.size(0), k)
+    assert torch.equal(top, ref)
+    assert torch.equal(x.gather(1, idx), top)
+    assert all(len(set(r)) == k for r in idx.tolist())  # k different columns
+
+
+@pytest.mark.parametrize("V", [8000, 8000 + 37, 1280, 1300])  # whole blocks only, a partial last block
+@pytest.mark.parametrize("k", [1, 10, 20])
+def test_blocked_topk_equals_torch_topk(V, k):
+    torch.manual_seed(V + k)
+    x = torch.log_softmax(torch.randn(50, V) * 4, dim=1)
+    check_topk(x, k, 64)
+
+
+def test_blocked_topk_finds_the_best_in_the_partial_block_and_in_one_block():
+    """The row's best entries all in the last, partial block; or all k in one block."""
+    x = torch.randn(3, 64 * 30 + 5)
+    x[0, -5:] = 100 + torch.arange(5.0)
+    x[1, 64 * 7 : 64 * 7 + 10] = 50 + torch.arange(10.0)
+    x[2, :] = -1.0  # one value everywhere: any k columns are right
+    check_topk(x, 10, 64)
+    top, idx = blocked_topk(x, 5, 64)
+    assert idx[0].tolist() == list(range(x.size(1) - 1, x.size(1) - 6, -1))
+
+
+def test_blocked_topk_with_masked_tokens_and_dead_rows():
+    """The search masks tokens at -inf (min length, repeats) and dead beams have -inf everywhere."""
+    torch.manual_seed(1)
+    x = torch.log_softmax(torch.randn(6, 4000), dim=1)
+    x[0] = NEG_INF
+    x[1, :3990] = NEG_INF  # fewer finite entries than k
+    x[2, ::2] = NEG_INF
+    top, idx = blocked_topk(x, 20, 64)
+    ref, _ = row_topk(x, 20)
+    assert torch.equal(top, ref) and torch.equal(x.gather(1, idx), top)
+
+
+@pytest.mark.parametrize("V,k,block", [(100, 10, 64), (64 * 19, 10, 64), (5000, 80, 64)])
+def test_blocked_topk_falls_back_to_the_plain_one(V, k, block):
+    """Rows narrower than 2k blocks, or k wider than a block, take torch.topk itself: same columns too."""
+    x = torch.randn(4, V)
+    top, idx = blocked_topk(x, k, block)
+    ref, ref_idx = row_topk(x, k)
+    assert torch.equal(top, ref) and torch.equal(idx, ref_idx)
+
+
+@pytest.mark.parametrize("shape", [(5, 48), (2, 3, 48), (0, 48), (1, 48)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_products_equal_the_plain_product_bit_for_bit(shape, bias):
+    """Where PyTorch's oneDNN ops can pack a bf16 weight, the packed product is F.linear's result exactly;
+    elsewhere (no oneDNN bf16 on this CPU/build, or a float32 weight) nothing is packed and CastLinear
+    takes F.linear."""
+    torch.manual_seed(0)
+    w = torch.randn(40, 48).bfloat16()
+    b = torch.randn(40).bfloat16() if bias else None
+    x = torch.randn(*shape).bfloat16()
+    assert packed_weight(w.float()) is None
+    lin = CastLinear(w, b, torch.bfloat16, torch.float32, pack=True)
+    plain = CastLinear(w, b, torch.bfloat16, torch.float32)
+    assert plain.packed is None
+    if _packing_available():
+        assert lin.packed is not None
+        assert torch.equal(packed_linear(x, packed_weight(w), b), F.linear(x, w, b))
+    else:
+        assert lin.packed is None
+    got = lin(x.float())
+    assert got.dtype == torch.float32 and torch.equal(got, plain(x.float()))
+
+
+def model(rnn_impl: str, vocab: int = 1500) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.encoder.update(cell="gru", emb_size=8, hidden_size=6, layers=1, dropout=0.0)
+    cfg.decoder.update(order="bahdanau", emb_size=8, hidden_size=12, layers=1, dropout=0.0)
+    cfg.attention.name = "bahdanau"
+    m = build_model(cfg.encoder, cfg.attention, cfg.decoder, 30, vocab, rnn_impl=rnn_impl, device="cpu").eval()
+    with torch.no_grad():  # a peaked output layer, so that beams do not tie
+        m.decoder.out.weight.mul_(20)
+    return m
+
+
+def test_the_fast_path_is_chosen_at_build_time():
+    """rnn_impl=loop takes the blocked top-k and, with bf16 products where oneDNN can pack them, packed
+    weights for the search's products; rnn_impl=eager keeps every kernel plain."""
+    eager, fast = model("eager"), model("loop")
+    assert not eager.fast_search and fast.fast_search
+    assert Ensemble([fast, fast]).fast_search and not Ensemble([fast, eager]).fast_search
+    src, src_len = torch.tensor([[5, 6, 7]]), torch.tensor([3])
+    for m in (eager, fast):
+        m.set_matmul_dtype(torch.bfloat16)
+        with torch.no_grad():
+            made = m.start(src, src_len).weights
+        packed = m is fast and _packing_available()
+        assert (made.out.packed is not None) == packed and (made.read.packed is not None) == packed
+
+
+def test_a_fast_search_finds_what_the_plain_search_finds():
+    """The same weights searched with the plain kernels (rnn_impl=eager) and the fast ones (loop: blocked
+    top-k over 1,500 tokens) give the same hypotheses and scores. (The packed bf16 products equal the
+    plain ones bit for bit, above; bf16 searches by the two implementations differ by rounding.)"""
+    eager, fast = model("eager"), model("loop")
+    fast.load_state_dict(eager.state_dict())
+    g = torch.Generator().manual_seed(3)
+    b = collate([torch.randint(4, 30, (n,), generator=g).tolist() for n in (5, 3, 7, 2)], [[4]] * 4)
+    opts = SearchOptions(beam_size=5, n_best=3, max_len_cap=8)
+    with torch.no_grad():
+        found = [beam_search(m, b.src, b.src_len, opts) for m in (eager, fast)]
+    for plain, quick in zip(*found):
+        assert [h.tokens for h in plain] == [h.tokens for h in quick]
+        torch.testing.assert_close([h.score for h in plain], [h.score for h in quick], rtol=1e-4, atol=1e-4)
