@@ -6,7 +6,11 @@
   [rows, vocab] (500 rows = 100 sentences × beam 5), k = 2 × beam as the search takes it;
 - products: ``F.linear`` against ``packed_linear`` over a oneDNN-packed bf16 weight, the vocabulary
   projection's shape [rows, hidden] × [vocab, hidden] (only where PyTorch can pack bf16 weights here:
-  AVX512-BF16/AMX CPUs; elsewhere the fast path keeps F.linear and the row says so).
+  AVX512-BF16/AMX CPUs; elsewhere the fast path keeps F.linear and the row says so);
+- float32 products, the same shape and a small one (60 rows: a batch's last few sentences): F.linear
+  (MKL's sgemm in PyTorch's CPU build) against oneDNN's packed float32 product. The fast path does not
+  pack float32 weights (yet): these rows measure whether it should, per CPU. Not bit-identical (another
+  GEMM kernel: float32 rounding), so the row also gives the largest difference.
 
 Each pair runs both kernels on the same input, in alternating order, ``--reps`` calls each; the ratio is
 the median over pairs of plain seconds / fast seconds, at 1 thread (a decoding worker's setting) and at
@@ -51,6 +55,20 @@ def pairs(plain, fast, n: int, reps: int) -> dict:
     }
 
 
+def float32_row(n: int, w: torch.Tensor, args: argparse.Namespace) -> dict:
+    """F.linear against oneDNN's packed float32 product, [n, I] x [O, I]."""
+    x = torch.randn(n, w.size(1))
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, n)
+
+    def onednn() -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+    row = {"kernel": f"float32 product [{n}, {w.size(1)}] x [{w.size(0)}, {w.size(1)}]"}
+    row.update(pairs(lambda: F.linear(x, w), onednn, args.pairs, args.reps))
+    row["max_abs_diff"] = float((onednn() - F.linear(x, w)).abs().max())
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=500)
@@ -79,6 +97,8 @@ def main() -> None:
         else:
             row.update(pairs(lambda: F.linear(x, w), lambda: packed_linear(x, packed, None), args.pairs, args.reps))
         rows.append(row)
+        for n in (args.rows, 60):
+            rows.append({"threads": threads, **float32_row(n, w.float(), args)})
     print(f"CPU: {cpu_name()}; torch {torch.__version__}; bf16 packing available: {_packing_available()}")
     print("| kernel | threads | plain ms | fast ms | plain / fast (median, range) |")
     print("|---|---:|---:|---:|---|")
@@ -87,7 +107,9 @@ def main() -> None:
             print(f"| {r['kernel']} | {r['threads']} | – | – | {r['note']} |")
         else:
             lo, hi = r["ratio_range"]
-            print(f"| {r['kernel']} | {r['threads']} | {r['plain_ms']} | {r['fast_ms']} | {r['ratio']}× ({lo}–{hi}) |")
+            diff = f"; max diff {r['max_abs_diff']:.1e}" if "max_abs_diff" in r else ""
+            ratio = f"{r['ratio']}× ({lo}–{hi}){diff}"
+            print(f"| {r['kernel']} | {r['threads']} | {r['plain_ms']} | {r['fast_ms']} | {ratio} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_name(), "torch": torch.__version__, "args": vars(args), "rows": rows}, f, indent=1)
