@@ -159,6 +159,10 @@ def decode_products(
     first = model.members[0] if isinstance(model, Ensemble) else model
     dtype, why = decode_dtype(first, amp, device, cache_dir)
     model.set_matmul_dtype(dtype)
+    if dtype is None and device.type == "cpu" and getattr(model, "fast_search", False):
+        from nmt.models.rnn import describe_packing
+
+        why += f"; products by {describe_packing()}"
     return f"{'bf16' if dtype == torch.bfloat16 else 'float32'} ({why})"
 
 

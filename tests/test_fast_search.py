@@ -11,7 +11,16 @@ from omegaconf import OmegaConf
 from nmt.config import TrainConfig
 from nmt.data.batching import collate
 from nmt.models.build import build_model
-from nmt.models.rnn import CastLinear, _packing_available, packed_linear, packed_weight
+from nmt.models.rnn import (
+    PACKING_MARGIN,
+    CastLinear,
+    _packing_available,
+    describe_packing,
+    float32_packing_speedup,
+    packed_linear,
+    packed_weight,
+    packs_float32,
+)
 from nmt.models.seq2seq import Ensemble
 from nmt.search import SearchOptions, beam_search, blocked_topk, row_topk
 
@@ -72,13 +81,11 @@ def test_blocked_topk_falls_back_to_the_plain_one(V, k, block):
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_products_equal_the_plain_product_bit_for_bit(shape, bias):
     """Where PyTorch's oneDNN ops can pack a bf16 weight, the packed product is F.linear's result exactly;
-    elsewhere (no oneDNN bf16 on this CPU/build, or a float32 weight) nothing is packed and CastLinear
-    takes F.linear."""
+    elsewhere (no oneDNN bf16 on this CPU/build) nothing is packed and CastLinear takes F.linear."""
     torch.manual_seed(0)
     w = torch.randn(40, 48).bfloat16()
     b = torch.randn(40).bfloat16() if bias else None
     x = torch.randn(*shape).bfloat16()
-    assert packed_weight(w.float()) is None
     lin = CastLinear(w, b, torch.bfloat16, torch.float32, pack=True)
     plain = CastLinear(w, b, torch.bfloat16, torch.float32)
     assert plain.packed is None
@@ -89,6 +96,27 @@ def test_packed_products_equal_the_plain_product_bit_for_bit(shape, bias):
         assert lin.packed is None
     got = lin(x.float())
     assert got.dtype == torch.float32 and torch.equal(got, plain(x.float()))
+
+
+@pytest.mark.parametrize("shape", [(5, 48), (2, 3, 48), (0, 48)])
+def test_float32_weights_are_packed_where_measured_faster_with_float32_results(shape):
+    """A float32 weight is packed exactly where oneDNN's float32 product measured at least PACKING_MARGIN
+    faster than F.linear on this CPU (once per process), and its products are F.linear's up to float32
+    rounding (another GEMM kernel); the log line says which and why."""
+    torch.manual_seed(0)
+    w, b, x = torch.randn(40, 48), torch.randn(40), torch.randn(*shape)
+    speedup = float32_packing_speedup()
+    assert speedup == float32_packing_speedup()  # measured once
+    assert packs_float32() == (_packing_available(torch.float32) and speedup >= PACKING_MARGIN)
+    lin = CastLinear(w, b, torch.float32, pack=True)
+    assert (lin.packed is not None) == packs_float32()
+    got = lin(x)
+    assert got.dtype == torch.float32 and got.shape == (*shape[:-1], 40)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    line = describe_packing()
+    assert line.startswith("oneDNN packed weights" if packs_float32() else "F.linear")
+    if _packing_available(torch.float32):
+        assert f"{speedup:.2f}x" in line
 
 
 def model(rnn_impl: str, vocab: int = 1500) -> torch.nn.Module:
@@ -111,6 +139,12 @@ def test_the_fast_path_is_chosen_at_build_time():
     assert Ensemble([fast, fast]).fast_search and not Ensemble([fast, eager]).fast_search
     src, src_len = torch.tensor([[5, 6, 7]]), torch.tensor([3])
     for m in (eager, fast):
+        with torch.no_grad():  # float32: the fast path packs where oneDNN's float32 product measured faster
+            made = m.start(src, src_len).weights
+        if m is fast and packs_float32():
+            assert made.out.packed is not None and made.read.packed is not None
+        else:
+            assert not isinstance(made.out, CastLinear) and not isinstance(made.read, CastLinear)
         m.set_matmul_dtype(torch.bfloat16)
         with torch.no_grad():
             made = m.start(src, src_len).weights

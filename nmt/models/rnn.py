@@ -162,7 +162,7 @@ class StepLinear:
         if self.taped:
             self.tape = _Tape()
             self.token = _WeightGrad.apply(weight, self.tape)
-        else:  # a search or validation: a bf16 weight blocked once for oneDNN as well (CastLinear)
+        else:  # a search or validation: the weight blocked once for oneDNN where that helps (packed_weight)
             self.packed = packed_weight(self.w)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -176,28 +176,75 @@ class StepLinear:
 
 
 def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
-    """A bf16 weight [O, I] in oneDNN's own blocked layout, for products without autograd that reuse it
-    many times (every step of a search), or None where that is not available (not bf16, not on a CPU, a
-    PyTorch without oneDNN or without the op). ``F.linear`` hands oneDNN the plain weight, which it
-    re-blocks at every call; ``packed_linear`` over a packed weight skips that, with the same result, bit
-    for bit. The tensor holds the blocked data behind a plain [O, I] shape: use it with ``packed_linear``
-    only. These are PyTorch's own ops for this (``torch.ops.mkldnn``, what its compiler's CPU weight
-    prepacking calls), so a PyTorch without them keeps ``F.linear``."""
-    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not _packing_available():
+    """A weight [O, I] in oneDNN's own blocked layout, for products without autograd that reuse it many
+    times (every step of a search), or None where that is not available or not faster. ``F.linear`` hands
+    oneDNN a plain bf16 weight, which it re-blocks at every call; ``packed_linear`` over a packed one skips
+    that, with the same result, bit for bit. A float32 ``F.linear`` is MKL's sgemm in PyTorch's CPU build;
+    oneDNN's packed float32 product rounds differently (results within ~1e-5) and is packed only where it
+    measured faster on this CPU (``float32_packing_speedup``). The tensor holds the blocked data behind a
+    plain [O, I] shape: use it with ``packed_linear`` only. These are PyTorch's own ops for this
+    (``torch.ops.mkldnn``, what its compiler's CPU weight prepacking calls), so a PyTorch without them
+    keeps ``F.linear``."""
+    if w.device.type != "cpu" or w.dtype not in (torch.bfloat16, torch.float32) or not _packing_available(w.dtype):
+        return None
+    if w.dtype == torch.float32 and float32_packing_speedup() < PACKING_MARGIN:
         return None
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 256)  # 256: a row-count hint for the layout
 
 
+PACKING_MARGIN = 1.15  # oneDNN's packed float32 product must be at least this much faster than F.linear
+
+
 @functools.cache
-def _packing_available() -> bool:
-    """Whether this PyTorch blocks and multiplies bf16 weights with oneDNN's ops (tried once, on a tiny one)."""
+def _packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether this PyTorch blocks and multiplies ``dtype`` weights with oneDNN's ops (tried once, on a tiny
+    one)."""
     try:
-        w = torch.eye(16, dtype=torch.bfloat16)
-        x = torch.ones(2, 16, dtype=torch.bfloat16)
+        w = torch.eye(16, dtype=dtype)
+        x = torch.ones(2, 16, dtype=dtype)
         y = packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(w, 256), None)
         return bool(torch.backends.mkldnn.is_available()) and torch.equal(y, x)
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
+
+
+@functools.cache
+def float32_packing_speedup() -> float:
+    """F.linear's time over oneDNN's packed float32 product on this CPU (0.0 where packing is not
+    available): the best of 5 alternating calls each of a [64, 512] x [512, 4096] product (about 50 ms in
+    all), measured once per process, on the first float32 weight a search or validation pass would pack.
+    On the AVX2-only AMD EPYC of docs/benchmarks.md oneDNN's was 1.3-2x faster at decoding's shapes."""
+    if not _packing_available(torch.float32):
+        return 0.0
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 512, generator=g), torch.randn(4096, 512, generator=g)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 256)
+    fns = {"plain": lambda: F.linear(x, w), "packed": lambda: packed_linear(x, packed, None)}
+    best = dict.fromkeys(fns, math.inf)
+    with torch.no_grad():
+        for fn in fns.values():
+            fn()  # oneDNN builds its kernel on the first call
+        for _ in range(5):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best["plain"] / best["packed"]
+
+
+def packs_float32() -> bool:
+    """Whether ``packed_weight`` packs float32 weights on this CPU (measured once per process)."""
+    return _packing_available(torch.float32) and float32_packing_speedup() >= PACKING_MARGIN
+
+
+def describe_packing() -> str:
+    """One line for the log: how a search's float32 products run on the CPU fast path, and why."""
+    if not _packing_available(torch.float32):
+        return "F.linear (oneDNN cannot pack float32 weights in this PyTorch)"
+    speedup = float32_packing_speedup()
+    if speedup >= PACKING_MARGIN:
+        return f"oneDNN packed weights (measured {speedup:.2f}x as fast as F.linear on this CPU)"
+    return f"F.linear (oneDNN packed weights measured {speedup:.2f}x its speed, below the {PACKING_MARGIN}x they need)"
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
