@@ -2,7 +2,8 @@
 
 ``torch.utils.flop_counter.FlopCounterMode`` sees every matrix product that reaches the
 dispatcher (``mm``, ``addmm``, ``bmm``, …: 2 FLOPs per multiply-add), whether nn.Linear, the step
-loop's hand-written ``StepLinear`` products or their backward, in any dtype. Element-wise work
+loop's hand-written ``StepLinear`` products or their backward, in any dtype; oneDNN's products over
+packed weights (the CPU fast path's search) are added to its table here. Element-wise work
 (gates, tanh, softmax, the loss, Adam) is not counted: it is small beside the products and is not
 what a GEMM peak measures. Padded positions are computed, so they are counted; the count is
 divided by the batch's *real* target tokens, the tokens a tokens/s figure counts.
@@ -26,10 +27,12 @@ model it matches such a hand count exactly (tests/test_efficiency.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.data.batching import Batch
@@ -50,9 +53,20 @@ class FlopCount:
         return self.flops / max(self.tokens, 1)
 
 
+def packed_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    """oneDNN's product over a packed weight (nmt.models.rnn.packed_linear, the CPU fast path's search):
+    x [.., I] · W [O, I]ᵀ, which the counter does not know by itself."""
+    rows = math.prod(x_shape[:-1])
+    return 2 * rows * x_shape[-1] * w_shape[0]
+
+
+# products the counter's own table lacks (torch.ops.mkldnn may be missing from a build: then nothing to add)
+EXTRA = {torch.ops.mkldnn._linear_pointwise: packed_linear_flops} if hasattr(torch.ops, "mkldnn") else {}
+
+
 def counted(fn: Callable[[], T]) -> tuple[T, int]:
     """``fn()``'s result and the FLOPs of the matrix products it ran (forward and any backward)."""
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=EXTRA) as counter:
         out = fn()
     return out, counter.get_total_flops()
 
