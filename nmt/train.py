@@ -12,6 +12,7 @@ Examples::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -140,8 +141,6 @@ def run(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:
 
 def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.device, overrides: Sequence[str]) -> dict:
     quiet_other_ranks(d)
-    if d.is_main:
-        log.info("run directory: %s", run_dir)
     if cfg.data.num_workers > 1:
         raise ConfigError(
             f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (the batch stream runs in one worker "
@@ -169,6 +168,8 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     specs = build_specs(cfg.data)
     if cfg.data.strict and d.is_main:
         check_corpus(specs["train"])  # a bad line stops the run here, not in the DataLoader worker later
+    if d.is_main:  # after the corpus checks: a command that fails them leaves no folder to name
+        log.info("run directory: %s", run_dir)
     resume_from = rundir.resumable(device) if cfg.trainer.resume else None
     if cfg.trainer.resume and resume_from is None:
         if rundir.is_resumable():  # checkpoint files exist, but none could be read (warnings above)
@@ -307,9 +308,14 @@ def adopt(fresh: Path, chosen: RunDir) -> None:
     drop_if_unused(fresh)
 
 
+def unused(run_dir: Path) -> bool:
+    """Whether a run directory holds nothing but Hydra's own files (config copies, the log)."""
+    return run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}
+
+
 def drop_if_unused(run_dir: Path) -> None:
     """Remove a run directory that holds nothing but Hydra's own files (config copies, an empty log)."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}:
+    if unused(run_dir):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -335,6 +341,13 @@ def main(cfg: DictConfig) -> float:
             run_dir = chosen.root
         result = run(cfg, run_dir, overrides)
     except NmtError as e:
+        if unused(run_dir):  # a mistake found before any work: the error, and no empty run folder left behind
+            detach_file_log()
+            drop_if_unused(run_dir)
+            if not given:  # Hydra's own outputs/DATE/TIME: drop the DATE and outputs folders too when now empty
+                for parent in (run_dir.parent, run_dir.parent.parent):
+                    with contextlib.suppress(OSError):
+                        parent.rmdir()
         log.error("%s", e)
         sys.exit(2)
     return float(result.get("bleu", 0.0))  # the sweep objective, for optimiser plugins

@@ -140,6 +140,13 @@ def test_a_missing_data_dir_is_an_error_and_nothing_is_created(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"data.dir={missing}: no such folder" in proc.stderr and "train.tsv" in proc.stderr
     assert not (tmp_path / "no").exists()
+    # The mistake leaves no empty run folder behind, and the console names none.
+    assert not (tmp_path / "run").exists() and "run directory" not in proc.stderr
+    # Without hydra.run.dir, Hydra's outputs/DATE/TIME goes too (folders that held other runs stay).
+    (tmp_path / "outputs" / "2000-01-01").mkdir(parents=True)
+    again = train_in(tmp_path, [f"data.dir={missing}", *TINY], tmp_path / "cache", check=False)
+    assert again.returncode == 2 and f"data.dir={missing}: no such folder" in again.stderr
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["2000-01-01"]
 
 
 def test_strict_corpus_error_is_one_line_before_training(tmp_path, sample_dir):
