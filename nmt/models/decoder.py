@@ -155,16 +155,24 @@ class Decoder(nn.Module):
         In float32 the layer itself, except in a search or validation on the CPU fast path (``loop``), where
         oneDNN's packed float32 product is taken where it measured faster (CastLinear, rnn.packed_weight).
         An int8 layer of nmt.models.quant stays itself."""
-        dtype, fast = self.rnn.matmul_dtype, self.rnn.impl == "loop"
-        if type(layer) is not nn.Linear or (dtype is None and not (fast and self._packs_float32())):
+        dtype = self.rnn.matmul_dtype
+        if type(layer) is not nn.Linear or (dtype is None and not self._packs_float32()):
             return layer
         if torch.is_grad_enabled():
             return self.rnn.linear(layer)
-        return CastLinear(layer.weight, layer.bias, dtype or torch.float32, torch.float32, pack=fast)
+        return CastLinear(layer.weight, layer.bias, dtype or torch.float32, torch.float32, pack=self._packs())
+
+    def _packs(self) -> bool:
+        """Whether this pass may block weights once for all its steps (rnn.packed_weight): the CPU fast
+        path (``loop``); ``eager`` keeps F.linear."""
+        return self.rnn.impl == "loop"
 
     def _packs_float32(self) -> bool:
-        """Whether a pass without gradients on this CPU packs float32 weights (rnn.packed_weight)."""
-        return not torch.is_grad_enabled() and self.out.weight.device.type == "cpu" and packs_float32()
+        """Whether this pass takes float32 products over packed weights: the fast path, no gradients, on a
+        CPU where oneDNN's packed float32 product measured faster (rnn.packs_float32)."""
+        return (
+            self._packs() and not torch.is_grad_enabled() and self.out.weight.device.type == "cpu" and packs_float32()
+        )
 
     def pass_products(self, vocab: torch.Tensor | None = None) -> PassProducts:
         """This pass's products (PassProducts): the readout / combine as ``linear`` makes it; the vocabulary
@@ -175,15 +183,18 @@ class Decoder(nn.Module):
         rnn, read, dtype = self.rnn.step_weights(self.emb_size), self.linear(self.read_layer()), self.rnn.matmul_dtype
         if vocab is not None and torch.is_grad_enabled():
             raise ValueError("a vocabulary shortlist is for search only (no gradients through it)")
-        pack = self.rnn.impl == "loop"  # the fast path's search: weights blocked once (rnn.packed_weight)
-        if dtype is None and pack and vocab is None and type(self.out) is nn.Linear and self._packs_float32():
+        if dtype is None and vocab is None and type(self.out) is nn.Linear and self._packs_float32():
             return PassProducts(rnn, read, CastLinear(self.out.weight, self.out.bias, torch.float32, pack=True))
         if dtype is None or torch.is_grad_enabled():
             return PassProducts(rnn, read, self.logits if vocab is None else output_rows(self.out, vocab, None))
         # Logits in the product dtype, as Decoder.logits gives them (an int8 layer makes its own product).
         if vocab is not None:
             return PassProducts(rnn, read, output_rows(self.out, vocab, dtype))
-        out = CastLinear(self.out.weight, self.out.bias, dtype, pack=pack) if type(self.out) is nn.Linear else self.out
+        out = (
+            CastLinear(self.out.weight, self.out.bias, dtype, pack=self._packs())
+            if type(self.out) is nn.Linear
+            else self.out
+        )
         return PassProducts(rnn, read, out)
 
     # ---- interface ----

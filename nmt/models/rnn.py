@@ -185,9 +185,9 @@ def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
     plain [O, I] shape: use it with ``packed_linear`` only. These are PyTorch's own ops for this
     (``torch.ops.mkldnn``, what its compiler's CPU weight prepacking calls), so a PyTorch without them
     keeps ``F.linear``."""
-    if w.device.type != "cpu" or w.dtype not in (torch.bfloat16, torch.float32) or not _packing_available(w.dtype):
+    if w.device.type != "cpu" or w.dtype not in (torch.bfloat16, torch.float32):
         return None
-    if w.dtype == torch.float32 and float32_packing_speedup() < PACKING_MARGIN:
+    if not (packs_float32() if w.dtype == torch.float32 else _packing_available(w.dtype)):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 256)  # 256: a row-count hint for the layout
 
