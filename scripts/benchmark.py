@@ -42,6 +42,12 @@ alternate for --decode-rounds rounds (median). A second table gives BLEU (sacreb
 output words, wall seconds, output words/s and nmt/peer; the int8 and float32 rows show their BLEU
 change and speed-up against the nmt row. The decoding uses the first model of --models.
 
+The decoded models stay in PEERS_HOME/runs/decode (nmt's checkpoint in nmt/best.pt, the peers' where
+they saved them), named in its models.json; --decode-only decodes them again with this checkout's
+nmt.translate, without training, so a decoding change is measured against the peers on the same models:
+
+    python scripts/benchmark.py --decode-only [MODELS_JSON] [--decode-rounds 3 --json out.json]
+
 --batch-sweep 1000,2000,4000 measures training tokens/s of every model at each token budget
 (data.max_tokens) instead, without decoding, and --plot draws tokens/s against batch size:
 
@@ -56,6 +62,7 @@ import gc
 import json
 import platform
 import resource
+import shutil
 import statistics
 import tempfile
 import time
@@ -317,34 +324,91 @@ def compare(runs: list[NmtRun], peers: list[str], args) -> tuple[list[dict], lis
     return rows, saved
 
 
+DECODE_DIR = compare_peers.PEERS_HOME / "runs" / "decode"
+MANIFEST = "models.json"  # what --decode-only reads: the decoded models, the source and reference files
+
+
 def compare_decoding(run: NmtRun, saved: list[dict], args) -> list[dict]:
     """Decode valid.tsv with the model ``run`` trained and each peer's saved one (scripts/decode_compare.py)."""
-    out = compare_peers.PEERS_HOME / "runs" / "decode"
+    return decode_models(save_for_decoding(run, saved, args, DECODE_DIR), DECODE_DIR, args)
+
+
+def save_for_decoding(run: NmtRun, saved: list[dict], args, out: Path) -> dict:
+    """Put what the decode comparison needs in ``out``: the first --decode-sentences lines of valid.tsv
+    (source, references), nmt's sentencepiece models for the peers, nmt's checkpoint (out of the run's
+    temporary folder), and models.json naming them and the peers' saved models, which --decode-only reads."""
     pairs = load_pairs(run.specs["valid"], limit=args.decode_sentences)
     src = decode_compare.write_lines(out / "valid.raw.src", [s for s, _ in pairs])
+    ref = decode_compare.write_lines(out / "valid.raw.ref", [t for _, t in pairs])
     (out / "src.model").write_bytes(run.tok.src_proto)  # nmt's own sentencepiece model(s), for the peers
     (out / "tgt.model").write_bytes(run.tok.tgt_proto)
-    nmt = {"updates": run.steps, "trained_s": run.trained_s}
-    ckpt, beam = run.save(), args.decode_beam
-    jobs = [decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop)]
-    if run.cfg.trainer.shortlist:
-        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop, shortlist=True))
-    if args.device == "cpu":
-        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, quantize="int8", stop=args.decode_stop))
-        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop, amp="none"))
-        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, args.device, stop=args.decode_stop, workers=1))
+    ckpt = out / "nmt" / "best.pt"
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run.save(), ckpt)
+    nmt = {"checkpoint": str(ckpt), "shortlist": bool(run.cfg.trainer.shortlist), "updates": run.steps}
+    manifest = {
+        "model": run.name,
+        "device": args.device,
+        "source": str(src),
+        "references": str(ref),
+        "nmt": {**nmt, "trained_s": run.trained_s},
+        "peers": [{k: str(v) if isinstance(v, Path) else v for k, v in s.items()} for s in saved],
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    return manifest
+
+
+def decode_models(manifest: dict, out: Path, args) -> list[dict]:
+    """Every decode job of a models.json (nmt as a user runs it and its variants, then each peer) for
+    --decode-rounds alternating rounds, with --decode-beam and --decode-stop; one row per job. ``out``: the
+    folder of the manifest (the peers' sentencepiece models; hypotheses and logs go there)."""
+    beam, stop, device = args.decode_beam, args.decode_stop, manifest["device"]
+    src, ckpt = Path(manifest["source"]), Path(manifest["nmt"]["checkpoint"])
+    jobs = [decode_compare.nmt_job(ckpt, src, out, beam, device, stop=stop)]
+    if manifest["nmt"]["shortlist"]:
+        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, device, stop=stop, shortlist=True))
+    if device == "cpu":
+        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, device, quantize="int8", stop=stop))
+        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, device, stop=stop, amp="none"))
+        jobs.append(decode_compare.nmt_job(ckpt, src, out, beam, device, stop=stop, workers=1))
     for job in jobs:
-        job.trained = nmt
-    for s in saved:
+        job.trained = {"updates": manifest["nmt"]["updates"], "trained_s": manifest["nmt"]["trained_s"]}
+    spm = (out / "src.model", out / "tgt.model")
+    for s in manifest["peers"]:
         venv = compare_peers.PEERS_HOME / f"venv-{s['peer']}"
-        spm = (out / "src.model", out / "tgt.model")
         if s["peer"] == "onmt":
-            job = decode_compare.onmt_job(venv, s["checkpoint"], *spm, src, out, beam, args.device == "cuda")
+            job = decode_compare.onmt_job(venv, Path(s["checkpoint"]), *spm, src, out, beam, device == "cuda")
         else:
-            job = decode_compare.joey_job(venv, s["config"], s["checkpoint"], *spm, src, out, beam)
-        job.trained = {"updates": s["updates"], "trained_s": s["trained_s"], "checkpoint": str(s["checkpoint"])}
+            job = decode_compare.joey_job(venv, Path(s["config"]), Path(s["checkpoint"]), *spm, src, out, beam)
+        job.trained = {"updates": s["updates"], "trained_s": s["trained_s"], "checkpoint": s["checkpoint"]}
         jobs.append(job)
-    return decode_compare.measure(jobs, src, [t for _, t in pairs], args.decode_rounds, out)
+    references = decode_compare.read_lines(Path(manifest["references"]))
+    return decode_compare.measure(jobs, src, references, args.decode_rounds, out)
+
+
+def decode_only(args) -> None:
+    """--decode-only: decode the models an earlier --compare run left (its models.json) again, with this
+    checkout's nmt.translate: a decoding change measured against the peers on the same saved models."""
+    path = Path(args.decode_only)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(
+            f"--decode-only {path}: cannot read it ({e}); a `--compare` run writes it after its decoding"
+        ) from None
+    missing = [
+        p
+        for p in [manifest["nmt"]["checkpoint"], *(s["checkpoint"] for s in manifest["peers"])]
+        if not Path(p).exists()
+    ]
+    if missing:
+        raise SystemExit(f"--decode-only {path}: saved model(s) not found: {', '.join(missing)}")
+    decoded = decode_models(manifest, path.parent, args)
+    print("\n" + decode_compare.summary(decoded, args.decode_rounds))
+    print("\n".join(decode_compare.table(decoded)))
+    if args.json:
+        meta = {"decode_only": str(path), "model": manifest["model"], "torch": torch.__version__}
+        Path(args.json).write_text(json.dumps({"meta": meta, "decode": decoded}, indent=1, default=str))
 
 
 def batch_sweep(args) -> list[dict]:
@@ -405,8 +469,19 @@ def main() -> None:
     ap.add_argument("--batch-sweep", default="", help="token budgets to sweep, e.g. 1000,2000,4000 (no decoding)")
     ap.add_argument("--plot", help="--batch-sweep: PNG of tokens/s against batch size")
     ap.add_argument("--no-efficiency", action="store_true", help="skip the GEMM peak and the FLOP counts")
+    ap.add_argument(
+        "--decode-only",
+        nargs="?",
+        const=str(DECODE_DIR / MANIFEST),
+        metavar="MODELS_JSON",
+        help="no training: decode the models an earlier --compare run saved (its models.json, by default "
+        f"{DECODE_DIR / MANIFEST}) again, --decode-rounds rounds",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.decode_only:
+        decode_only(args)
+        return
     if args.batch_sweep:
         rows, names = batch_sweep(args), args.models.split(",")
         print("| model | max_tokens | real target tokens per batch | target tok/s |\n|---|---:|---:|---:|")

@@ -274,7 +274,9 @@ def relate(rows: list[dict]) -> list[dict]:
 def summary(rows: list[dict], rounds: int) -> str:
     """What the table below it measured: sentences, training behind each model, what was timed."""
     trained = ", ".join(
-        f"{r['system']} {r['trained']['trained_s']:.0f} s / {r['trained']['updates']:,} updates"
+        f"{r['system']} "
+        + (f"{r['trained']['trained_s']:.0f} s / " if r["trained"].get("trained_s") is not None else "")
+        + f"{r['trained']['updates']:,} updates"
         for r in rows
         if r["system"] not in VARIANTS
     )

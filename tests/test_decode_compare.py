@@ -9,6 +9,7 @@ around a stand-in translate command that copies its input, so the pieces must co
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -204,3 +205,32 @@ def test_the_nmt_job_keeps_the_callers_pythonpath_behind_the_repository(monkeypa
     assert decode_compare.nmt_job(tmp_path / "best.pt", tmp_path / "src.txt", tmp_path, 5).env["PYTHONPATH"] == str(
         REPO
     )
+
+
+def test_decode_only_decodes_the_saved_models_of_a_compare_run_again(bench_checkpoint, tmp_path):
+    """--compare leaves its decoded models named in models.json; --decode-only decodes them again with this
+    checkout's nmt.translate, without training: every nmt row, from the saved checkpoint."""
+    import benchmark
+
+    run, _ = bench_checkpoint
+    out = tmp_path / "decode"
+    args = SimpleNamespace(device="cpu", decode_sentences=12, decode_beam=2, decode_stop="exact", decode_rounds=1)
+    manifest = benchmark.save_for_decoding(run, [], args, out)
+    assert json.loads((out / benchmark.MANIFEST).read_text()) == manifest
+    assert Path(manifest["nmt"]["checkpoint"]).parent == out / "nmt"  # outlives the run's temporary folder
+    assert manifest["nmt"]["updates"] == run.steps and len(decode_compare.read_lines(out / "valid.raw.ref")) == 12
+    cmd = [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--decode-only", str(out / benchmark.MANIFEST)]
+    cmd += ["--decode-rounds", "1", "--decode-beam", "2", "--json", str(tmp_path / "again.json")]
+    env = {**os.environ, "NMT_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "again.json").read_text())["decode"]
+    assert [r["system"] for r in rows] == ["nmt", "nmt shortlist", "nmt int8", "nmt float32", "nmt 1 process"]
+    assert all(r["sentences"] == 12 and r["trained"]["updates"] == run.steps for r in rows)
+    assert "| nmt int8 | 2 |" in proc.stdout and "(12 sentences)" in proc.stdout
+    ones = {r["system"]: decode_compare.read_lines(out / f"{r['system'].replace(' ', '_')}.b2.txt") for r in rows}
+    assert ones["nmt"] == ones["nmt 1 process"]  # one process or several: the same search
+    # A missing manifest or model is a one-line error.
+    (out / "nmt" / "best.pt").unlink()
+    bad = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert bad.returncode != 0 and "saved model(s) not found" in bad.stderr and "Traceback" not in bad.stderr
