@@ -404,7 +404,7 @@ def decode_only(args) -> None:
     if missing:
         raise SystemExit(f"--decode-only {path}: saved model(s) not found: {', '.join(missing)}")
     decoded = decode_models(manifest, path.parent, args)
-    print("\n" + decode_compare.summary(decoded, args.decode_rounds))
+    print("\n" + decode_compare.summary(decoded, args.decode_rounds, f"the models saved in {path}"))
     print("\n".join(decode_compare.table(decoded)))
     if args.json:
         meta = {"decode_only": str(path), "model": manifest["model"], "torch": torch.__version__}

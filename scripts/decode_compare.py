@@ -271,8 +271,9 @@ def relate(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def summary(rows: list[dict], rounds: int) -> str:
-    """What the table below it measured: sentences, training behind each model, what was timed."""
+def summary(rows: list[dict], rounds: int, models: str = "the models trained above") -> str:
+    """What the table below it measured: sentences, training behind each model (``models``: whose), what
+    was timed."""
     trained = ", ".join(
         f"{r['system']} "
         + (f"{r['trained']['trained_s']:.0f} s / " if r["trained"].get("trained_s") is not None else "")
@@ -282,7 +283,7 @@ def summary(rows: list[dict], rounds: int) -> str:
     )
     peers = [r for r in rows if r["system"] not in (NMT, *VARIANTS)]
     line = (
-        f"decoding valid.tsv ({rows[0]['sentences']:,} sentences) with the models trained above (windows: "
+        f"decoding valid.tsv ({rows[0]['sentences']:,} sentences) with {models} (trained: "
         f"{trained}); whole commands, start-up included, median of {rounds} alternating rounds"
     )
     line += "".join(f"; nmt: {r['timed']}" for r in rows if r["system"] == NMT)

@@ -63,7 +63,7 @@ def test_relate_gives_nmt_over_peer_and_the_int8_and_float32_changes():
     described = [
         {**r, "sentences": 3, "trained": {"trained_s": 1, "updates": 2}, "timed": "t", "translate_s": 1.0} for r in rows
     ]
-    trained = decode_compare.summary(described, 1).split("(windows: ")[1].split(")")[0]
+    trained = decode_compare.summary(described, 1).split("(trained: ")[1].split(")")[0]
     assert "nmt float32" not in trained and "nmt int8" not in trained and trained.startswith("nmt 1 s")
 
 
@@ -227,7 +227,7 @@ def test_decode_only_decodes_the_saved_models_of_a_compare_run_again(bench_check
     rows = json.loads((tmp_path / "again.json").read_text())["decode"]
     assert [r["system"] for r in rows] == ["nmt", "nmt shortlist", "nmt int8", "nmt float32", "nmt 1 process"]
     assert all(r["sentences"] == 12 and r["trained"]["updates"] == run.steps for r in rows)
-    assert "| nmt int8 | 2 |" in proc.stdout and "(12 sentences)" in proc.stdout
+    assert "| nmt int8 | 2 |" in proc.stdout and f"(12 sentences) with the models saved in {out}" in proc.stdout
     ones = {r["system"]: decode_compare.read_lines(out / f"{r['system'].replace(' ', '_')}.b2.txt") for r in rows}
     assert ones["nmt"] == ones["nmt 1 process"]  # one process or several: the same search
     # A missing manifest or model is a one-line error.
