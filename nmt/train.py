@@ -37,6 +37,7 @@ from nmt.finishing import Finished, Finisher
 from nmt.heartbeat import heartbeat
 from nmt.logger import RunLogger
 from nmt.models.build import count_parameters, model_from_config
+from nmt.models.rnn import kernel_choices, pin_kernel_choices
 from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.schedules import BudgetDecay
@@ -192,6 +193,13 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
             with heartbeat("preparing sentencepiece (read the corpus sample, train or load from the cache)"):
                 state = build_tokenizer(cfg.tokenizer, specs["train"]).state_dict()
         tokenizer = Tokenizer.from_state_dict(d.broadcast(state))
+    # Measured kernel choices (the step loops' tanh, packed float32 products): rank 0's, or those of the run
+    # being resumed, so that every rank and a resumed run compute as the run did (a busy CPU can tip a
+    # measurement the other way). Before the model is built: it takes its tanh then.
+    kernels = resume_from[1].get("kernels") if resume_from is not None else None
+    if kernels is None and device.type == "cpu" and d.is_main:
+        kernels = kernel_choices()
+    pin_kernel_choices(d.broadcast(kernels) or {})
     model = model_from_config(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, device).to(device)
     log.info(
         "model: %s encoder, %s attention, %s-order decoder, %s parameters, device %s",

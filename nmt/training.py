@@ -26,7 +26,7 @@ from nmt.distributed import Dist
 from nmt.errors import ConfigError
 from nmt.finishing import DecodingGrid, Finisher
 from nmt.logger import RunLogger
-from nmt.models.rnn import describe_tanh
+from nmt.models.rnn import describe_tanh, kernel_choices
 from nmt.models.seq2seq import Seq2Seq
 from nmt.rundir import RunDir, discover_runs
 from nmt.schedules import BudgetDecay
@@ -191,7 +191,11 @@ def build_trainer(
         CheckpointSaver(rundir, dist, t.keep_last),
         logger,
         schedule,
-        {"tokenizer": tokenizer.state_dict(), "config": plain_config},
+        {
+            "tokenizer": tokenizer.state_dict(),
+            "config": plain_config,
+            "kernels": kernel_choices() if device.type == "cpu" else None,
+        },
         dist,
         net,
     )

@@ -106,6 +106,26 @@ def test_killed_at_a_random_step_resumes_exactly(reference, tmp_path, sample_dir
     assert metrics[-1]["step"] == STEPS
 
 
+def test_a_resumed_run_keeps_the_runs_measured_kernel_choices(reference, tmp_path, sample_dir):
+    """The step loops' tanh (2σ(2x) − 1 or torch.tanh) and packed float32 products are chosen by a measurement
+    that a busy CPU can tip the other way (a CI run's resume measured 1.03x where the run had 2.0x, and its
+    weights drifted); the checkpoint stores the choices and a resume takes them instead of measuring."""
+    ref_dir, cache = reference
+    stored = checkpoint.load(ref_dir / "checkpoints" / "last.pt")["kernels"]
+    assert set(stored) == {"sigmoid_tanh", "float32_packing"} and all(isinstance(v, bool) for v in stored.values())
+    # Resume a copy whose checkpoint says the opposite tanh from what this CPU measures for a fresh run.
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    state = checkpoint.load(ref_dir / "checkpoints" / "last.pt")
+    flipped = not stored["sigmoid_tanh"]
+    checkpoint.save(run_dir / "checkpoints" / "last.pt", {**state, "kernels": {**stored, "sigmoid_tanh": flipped}})
+    args = [f"data.dir={sample_dir}", *COMMON, f"trainer.max_steps={STEPS + 2}"]
+    resumed = run_module("nmt.train", [*args, f"hydra.run.dir={run_dir}", "trainer.resume=true"], cache)
+    said = re.findall(r"\] - tanh: (.*)$", resumed.stderr, re.M)
+    assert said == ["2σ(2x) − 1 (this run's choice, kept on resume)" if flipped else "torch.tanh"], said
+    assert checkpoint.load(run_dir / "checkpoints" / "last.pt")["kernels"]["sigmoid_tanh"] is flipped
+
+
 def compose_cfg(overrides):
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         return compose("config", overrides=overrides)

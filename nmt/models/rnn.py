@@ -233,14 +233,39 @@ def float32_packing_speedup() -> float:
 
 
 def packs_float32() -> bool:
-    """Whether ``packed_weight`` packs float32 weights on this CPU (measured once per process)."""
-    return _packing_available(torch.float32) and float32_packing_speedup() >= PACKING_MARGIN
+    """Whether ``packed_weight`` packs float32 weights on this CPU (measured once per process, unless
+    ``pin_kernel_choices`` gave the choice)."""
+    if not _packing_available(torch.float32):
+        return False
+    pinned = _PINNED.get("float32_packing")
+    return pinned if pinned is not None else float32_packing_speedup() >= PACKING_MARGIN
+
+
+_PINNED: dict[str, bool] = {}  # measured kernel choices given instead (pin_kernel_choices)
+KERNEL_CHOICES = ("sigmoid_tanh", "float32_packing")
+
+
+def kernel_choices() -> dict[str, bool]:
+    """This process's measured kernel choices (measuring them now if not yet done), as a training checkpoint
+    stores them: tanh as 2σ(2x) − 1 in the step loops (``uses_sigmoid_tanh``), float32 products over packed
+    weights in gradient-free passes (``packs_float32``). Each is a measurement that a busy machine can tip
+    the other way, so a resumed run (and every rank of a distributed one) takes the run's own choices
+    (``pin_kernel_choices``) and computes as the run it continues did."""
+    return {"sigmoid_tanh": uses_sigmoid_tanh(), "float32_packing": packs_float32()}
+
+
+def pin_kernel_choices(choices: dict[str, bool]) -> None:
+    """Take these ``kernel_choices`` in this process instead of measuring (other keys are ignored; a missing
+    one is measured). Call before the model is built: its tanh is chosen when it is."""
+    _PINNED.update({k: bool(v) for k, v in choices.items() if k in KERNEL_CHOICES})
 
 
 def describe_packing() -> str:
     """One line for the log: how a search's float32 products run on the CPU fast path, and why."""
     if not _packing_available(torch.float32):
         return "F.linear (oneDNN cannot pack float32 weights in this PyTorch)"
+    if _PINNED.get("float32_packing") is not None:
+        return f"{'oneDNN packed weights' if packs_float32() else 'F.linear'} (this run's choice, kept on resume)"
     speedup = float32_packing_speedup()
     if speedup >= PACKING_MARGIN:
         return f"oneDNN packed weights (measured {speedup:.2f}x as fast as F.linear on this CPU)"
@@ -347,7 +372,14 @@ def tanh_kernel(impl: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The tanh of a model whose RNNs run as ``impl`` (the cells, the additive attention's scores, the
     readout / combine): ``sigmoid_tanh`` for the CPU step loops (``loop``) when measured at least
     ``SIGMOID_TANH_MARGIN`` faster on this CPU, ``torch.tanh`` otherwise (the plain version)."""
-    return sigmoid_tanh if impl == "loop" and sigmoid_tanh_speedup() >= SIGMOID_TANH_MARGIN else torch.tanh
+    return sigmoid_tanh if impl == "loop" and uses_sigmoid_tanh() else torch.tanh
+
+
+def uses_sigmoid_tanh() -> bool:
+    """Whether the CPU step loops compute tanh as 2σ(2x) − 1: measured at least ``SIGMOID_TANH_MARGIN``
+    faster on this CPU, unless ``pin_kernel_choices`` gave the choice."""
+    pinned = _PINNED.get("sigmoid_tanh")
+    return pinned if pinned is not None else sigmoid_tanh_speedup() >= SIGMOID_TANH_MARGIN
 
 
 def describe_tanh(tanh: Callable[[torch.Tensor], torch.Tensor]) -> str:
@@ -360,6 +392,8 @@ def tanh_line(formula: bool, measured: float | None) -> str:
     """``describe_tanh``'s words: ``formula`` whether the model computes 2σ(2x) − 1, ``measured`` its speed
     against torch.tanh on this CPU, or None where nothing was measured (CUDA, ``eager``/``cudnn``)."""
     if formula:
+        if measured is None:  # pinned: a resumed run keeps its own choice (pin_kernel_choices)
+            return "2σ(2x) − 1 (this run's choice, kept on resume)"
         return f"2σ(2x) − 1 (measured {measured:.1f}x as fast as torch.tanh on this CPU)"
     if measured is None or measured >= SIGMOID_TANH_MARGIN:  # not measured, or kept for another reason (eager)
         return "torch.tanh"
