@@ -255,8 +255,10 @@ def kernel_choices() -> dict[str, bool]:
 
 
 def pin_kernel_choices(choices: dict[str, bool]) -> None:
-    """Take these ``kernel_choices`` in this process instead of measuring (other keys are ignored; a missing
-    one is measured). Call before the model is built: its tanh is chosen when it is."""
+    """Take these ``kernel_choices`` in this process instead of measuring, replacing earlier pins (a sweep
+    runs its jobs in one process); other keys are ignored, a missing one is measured. Call before the model
+    is built: its tanh is chosen when it is."""
+    _PINNED.clear()
     _PINNED.update({k: bool(v) for k, v in choices.items() if k in KERNEL_CHOICES})
 
 
