@@ -351,7 +351,7 @@ def main(cfg: DictConfig) -> float:
     except NmtError as e:
         if unused(run_dir):  # a mistake found before any work: the error, and no empty run folder left behind
             detach_file_log()
-            drop_if_unused(run_dir)
+            shutil.rmtree(run_dir, ignore_errors=True)
             if not given:  # Hydra's own outputs/DATE/TIME: drop the DATE and outputs folders too when now empty
                 for parent in (run_dir.parent, run_dir.parent.parent):
                     with contextlib.suppress(OSError):

@@ -345,13 +345,17 @@ def save_for_decoding(run: NmtRun, saved: list[dict], args, out: Path) -> dict:
     ckpt = out / "nmt" / "best.pt"
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run.save(), ckpt)
-    nmt = {"checkpoint": str(ckpt), "shortlist": bool(run.cfg.trainer.shortlist), "updates": run.steps}
     manifest = {
         "model": run.name,
         "device": args.device,
         "source": str(src),
         "references": str(ref),
-        "nmt": {**nmt, "trained_s": run.trained_s},
+        "nmt": {
+            "checkpoint": str(ckpt),
+            "shortlist": bool(run.cfg.trainer.shortlist),
+            "updates": run.steps,
+            "trained_s": run.trained_s,
+        },
         "peers": [{k: str(v) if isinstance(v, Path) else v for k, v in s.items()} for s in saved],
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
