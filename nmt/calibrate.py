@@ -23,7 +23,9 @@ a guide than a CPU flag.
 
 The result is cached, one small JSON file per key under ``trainer.amp_cache`` ($NMT_CACHE/precision,
 beside the sentencepiece cache), keyed by the CPU model, the torch version, the thread count and
-the model's shape, so later runs on the same machine measure nothing. The timing is a seam:
+the model's shape, so later runs on the same machine measure nothing. The CPU step loops' measured kernel
+choices (the tanh formula, packed float32 products: ``cached_kernel_choices``) are kept there too, per
+CPU model, torch and thread count, so that every run on one machine computes alike. The timing is a seam:
 ``Calibration(timer=..., probe=...)`` takes any ``dtype -> seconds`` callables, which is how tests
 choose an outcome without training.
 """
@@ -44,7 +46,7 @@ from pathlib import Path
 import torch
 
 from nmt.data.tokenizer import BOS, EOS
-from nmt.models.rnn import RNN
+from nmt.models.rnn import KERNEL_CHOICES, RNN, choices_from_speedups, measured_speedups
 from nmt.models.seq2seq import Seq2Seq, nll_loss
 from nmt.rundir import atomic_write
 
@@ -253,7 +255,14 @@ def model_signature(model: Seq2Seq, cal: Calibration) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _read_cache(path: Path, key: dict) -> dict | None:
+def _check_times(entry: dict) -> None:
+    """A precision entry's two times must be positive numbers (ValueError, KeyError or TypeError if not)."""
+    f32, bf16 = float(entry["float32_s"]), float(entry["bf16_s"])
+    if not (f32 > 0 and bf16 > 0):
+        raise ValueError(f"step times {f32}, {bf16} are not positive")
+
+
+def _read_cache(path: Path, key: dict, check: Callable[[dict], None] = _check_times) -> dict | None:
     """The cached measurement for ``key``, or None (absent; unreadable or not ours: a warning)."""
     if not path.is_file():
         return None
@@ -261,12 +270,10 @@ def _read_cache(path: Path, key: dict) -> dict | None:
         entry = json.loads(path.read_text(encoding="utf-8"))
         if entry["key"] != key:
             raise ValueError("it was written for another CPU/torch/model")
-        f32, bf16 = float(entry["float32_s"]), float(entry["bf16_s"])
-        if not (f32 > 0 and bf16 > 0):
-            raise ValueError(f"step times {f32}, {bf16} are not positive")
+        check(entry)
         return entry
     except (OSError, ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
-        log.warning("%s: unreadable precision cache entry (%s); measuring again", path, e)
+        log.warning("%s: unreadable cache entry (%s); measuring again", path, e)
         return None
 
 
@@ -313,15 +320,17 @@ def _measured(
     return Measured(ratio >= BF16_MARGIN, ratio, where, threads, basis, path, cached_at, seconds, forces, products)
 
 
-def _cached(cache_dir: str | None, key: dict, measure_fn: Callable[[], dict]) -> tuple[dict, Path | None, str | None]:
-    """The measurement for ``key``: read from ``cache_dir`` (one JSON file per key), else ``measure_fn()``
-    saved there (atomically; a read-only cache only warns). → (entry, its file or None, when it was
-    measured if it came from the cache, else None)."""
+def _cached(
+    cache_dir: str | None, key: dict, measure_fn: Callable[[], dict], check: Callable[[dict], None] = _check_times
+) -> tuple[dict, Path | None, str | None]:
+    """The measurement for ``key``: read from ``cache_dir`` (one JSON file per key; ``check`` raises on an
+    entry that is not usable), else ``measure_fn()`` saved there (atomically; a read-only cache only warns).
+    → (entry, its file or None, when it was measured if it came from the cache, else None)."""
     path = None
     if cache_dir:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         path = Path(cache_dir).expanduser() / f"{digest}.json"
-    entry = _read_cache(path, key) if path else None
+    entry = _read_cache(path, key, check) if path else None
     if entry is not None:
         return entry, path, entry.get("measured_at", "earlier")
     entry = {"key": key, **measure_fn(), "measured_at": _now()}
@@ -329,9 +338,37 @@ def _cached(cache_dir: str | None, key: dict, measure_fn: Callable[[], dict]) ->
         try:
             atomic_write(path, lambda f: f.write(json.dumps(entry, indent=1).encode()))
         except OSError as e:  # a read-only home must not stop the command; the next run measures again
-            log.warning("%s: could not save the precision measurement (%s)", path, e)
+            log.warning("%s: could not save the measurement (%s)", path, e)
             path = None
     return entry, path, None
+
+
+def cached_kernel_choices(cache_dir: str | None) -> tuple[dict[str, bool], str | None, dict[str, float]]:
+    """The CPU step loops' measured kernel choices (``nmt.models.rnn.kernel_choices``: the tanh formula,
+    packed float32 products) for this CPU, from the cache under ``cache_dir`` (``amp_cache``), else measured
+    now (about 0.1 s) and saved there. Keyed like the precision by the CPU model, torch and the thread
+    count, so every fresh run on one machine computes alike: a measurement taken on a busy machine can tip
+    either choice (the tanh measured 0.2x under load where it is 1.4-1.9x otherwise), and two seeded runs
+    would then differ. → (choices, where they came from for the log, the speedups behind them), what
+    ``pin_kernel_choices`` takes."""
+    threads, kernels = torch.get_num_threads(), list(KERNEL_CHOICES)  # a list: as JSON reads the key back
+    key = {"cpu": cpu_name(), "torch": torch.__version__, "threads": threads, "kernels": kernels}
+
+    def run() -> dict:
+        start = time.monotonic()
+        return {"speedups": measured_speedups(), "seconds": time.monotonic() - start}
+
+    def check(entry: dict) -> None:
+        if not all(float(entry["speedups"][k]) >= 0 for k in KERNEL_CHOICES):
+            raise ValueError(f"speedups {entry['speedups']} are not all numbers >= 0")
+
+    entry, path, cached_at = _cached(cache_dir, key, run, check)
+    speedups = {k: float(entry["speedups"][k]) for k in KERNEL_CHOICES}
+    if cached_at:
+        note = f"cached {cached_at} in {path}, delete it to measure again"
+    else:
+        note = f"saved to {path}" if path else None
+    return choices_from_speedups(speedups), note, speedups
 
 
 def _product_dtype(model: Seq2Seq) -> torch.dtype | None:

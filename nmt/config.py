@@ -147,7 +147,9 @@ class TrainerConfig:
     # only (vocabulary projection, the RNN step loops' GEMMs). auto times a few steps of the model both ways
     # at startup (cached per CPU or GPU model in amp_cache) and keeps the faster; bf16 forces.
     amp: str = "auto"
-    # Where trainer.amp=auto keeps its per-CPU/GPU measurements (null: measure at every start).
+    # Where trainer.amp=auto keeps its per-CPU/GPU measurements, and the CPU step loops their measured
+    # kernel choices (tanh formula, packed products), so every run on a machine computes alike (null: measure
+    # at every start).
     amp_cache: str | None = "${oc.env:NMT_CACHE,'~/.cache/nmt'}/precision"
     # auto | system. auto: on CPU with glibc, freed memory stays in the process for the next step instead of
     # being unmapped and faulted in again (nmt.allocator; faster, keeps the peak memory); system: malloc as is.
@@ -249,7 +251,8 @@ class DecodeConfig:
     # Matrix products of decoding (quantize=none): auto = bf16 where a quick measurement on this CPU finds
     # them faster than float32 (AMX / AVX512-BF16 CPUs), else float32; bf16 | none force (nmt.calibrate).
     amp: str = "auto"
-    # Where amp=auto keeps its per-CPU choice, so one machine always decodes alike (null: measure every time).
+    # Where amp=auto keeps its per-CPU choice, and the measured kernel choices (as trainer.amp_cache), so one
+    # machine always decodes alike (null: measure every time).
     amp_cache: str | None = "${oc.env:NMT_CACHE,'~/.cache/nmt'}/precision"
 
 

@@ -18,6 +18,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
 from nmt.models import quant
 from nmt.models.build import model_from_config
+from nmt.models.rnn import pin_kernel_choices
 from nmt.models.seq2seq import Ensemble, Seq2Seq
 from nmt.search import SearchOptions
 from nmt.shortlist import Shortlist
@@ -111,6 +112,10 @@ def load_translator(cfg: Any) -> Translator:
     quant.check(mode, device)  # before anything is loaded
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if device.type == "cpu":  # measured once per machine (cached beside amp's choice): it decodes alike every time
+        from nmt.calibrate import cached_kernel_choices
+
+        pin_kernel_choices(*cached_kernel_choices(cfg.get("amp_cache")))
     ckpt = checkpoint.load(cfg.checkpoint, map_location=device)
     search, used = search_options(cfg, ckpt.get("decoding"))
     model, tok = model_from_checkpoint(ckpt, device)

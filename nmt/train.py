@@ -25,6 +25,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from nmt.calibrate import cached_kernel_choices
 from nmt.cli import command
 from nmt.config import register_configs, to_plain
 from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
@@ -37,7 +38,7 @@ from nmt.finishing import Finished, Finisher
 from nmt.heartbeat import heartbeat
 from nmt.logger import RunLogger
 from nmt.models.build import count_parameters, model_from_config
-from nmt.models.rnn import kernel_choices, pin_kernel_choices
+from nmt.models.rnn import KEPT_ON_RESUME, pin_kernel_choices
 from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.schedules import BudgetDecay
@@ -193,13 +194,15 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
             with heartbeat("preparing sentencepiece (read the corpus sample, train or load from the cache)"):
                 state = build_tokenizer(cfg.tokenizer, specs["train"]).state_dict()
         tokenizer = Tokenizer.from_state_dict(d.broadcast(state))
-    # Measured kernel choices (the step loops' tanh, packed float32 products): rank 0's, or those of the run
-    # being resumed, so that every rank and a resumed run compute as the run did (a busy CPU can tip a
-    # measurement the other way). Before the model is built: it takes its tanh then.
+    # Measured kernel choices (the step loops' tanh, packed float32 products): those of the run being resumed,
+    # else rank 0's cached per CPU model, so that every rank, a resumed run and every fresh run on this
+    # machine compute alike (a busy CPU can tip a measurement the other way). Before the model is built: it
+    # takes its tanh then.
     kernels = resume_from[1].get("kernels") if resume_from is not None else None
-    if kernels is None and device.type == "cpu" and d.is_main:
-        kernels = kernel_choices()
-    pin_kernel_choices(d.broadcast(kernels) or {})
+    pin: tuple | None = (kernels, KEPT_ON_RESUME, None) if kernels is not None else None
+    if pin is None and device.type == "cpu" and d.is_main:
+        pin = cached_kernel_choices(cfg.trainer.get("amp_cache"))
+    pin_kernel_choices(*(d.broadcast(pin) or ({},)))
     model = model_from_config(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, device).to(device)
     log.info(
         "model: %s encoder, %s attention, %s-order decoder, %s parameters, device %s",

@@ -36,6 +36,16 @@ def cache_env(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@pytest.fixture(autouse=True)
+def _unpinned_kernels():
+    """A training or decoding run in this process pins its kernel choices (nmt.models.rnn.pin_kernel_choices),
+    possibly read from a cache measured by another process; the next test measures for itself again."""
+    yield
+    from nmt.models.rnn import pin_kernel_choices
+
+    pin_kernel_choices({})
+
+
 @pytest.fixture()
 def seeded():
     torch.manual_seed(0)

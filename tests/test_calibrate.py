@@ -135,11 +135,12 @@ def test_the_training_cli_logs_its_measured_choice_and_caches_it(trained):
     log = (run / "train.log").read_text()
     assert re.search(r"training precision: float32(, bf16 matrix products)? \(measured: bf16 products [\d.]+x", log)
     # and which tanh the model computes (the CPU step loops: 2σ(2x) − 1 where it measured faster, else
-    # torch.tanh, saying by how much the formula fell short; all three forms of nmt.models.rnn.tanh_line)
+    # torch.tanh, saying by how much the formula fell short; nmt.models.rnn.tanh_line), measured once per
+    # machine: saved to the cache on first use, read from it after
+    kept = r"; (saved to|cached [-\d: ]+UTC in) \S+/precision/\w+\.json(, delete it to measure again)?\)"
     assert re.search(
-        r"\] - tanh: (torch\.tanh"
-        r"|2σ\(2x\) − 1 \(measured [\d.]+x as fast as torch\.tanh on this CPU\)"
-        r"|torch\.tanh \(2σ\(2x\) − 1 measured [\d.]+x its speed on this CPU, below the [\d.]+x it needs\))$",
+        r"\] - tanh: (2σ\(2x\) − 1 \(measured [\d.]+x as fast as torch\.tanh on this CPU"
+        r"|torch\.tanh \(2σ\(2x\) − 1 measured [\d.]+x its speed on this CPU, below the [\d.]+x it needs)" + kept + "$",
         log,
         re.M,
     )
@@ -149,6 +150,36 @@ def test_the_training_cli_logs_its_measured_choice_and_caches_it(trained):
     # one training measurement (decoding commands run by other tests on this fixture add their own entries)
     entries = [json.loads(f.read_text()) for f in (cache / "precision").glob("*.json")]
     assert len([e for e in entries if "model" in e["key"]]) == 1
+    assert len([e for e in entries if "kernels" in e["key"]]) == 1
+
+
+def test_kernel_choices_are_measured_once_per_machine_and_read_from_the_cache_after(tmp_path, caplog):
+    """Fresh runs on one machine compute alike: the step loops' kernel choices come from the cache once it
+    holds them (here an entry edited to the opposite tanh decision decides it), and an unusable entry is
+    measured again with a warning."""
+    from nmt.calibrate import cached_kernel_choices
+    from nmt.models import rnn
+
+    choices, note, speedups = cached_kernel_choices(str(tmp_path))
+    assert choices == rnn.choices_from_speedups(speedups) and note.startswith(f"saved to {tmp_path}")
+    (path,) = tmp_path.glob("*.json")
+    entry = json.loads(path.read_text())
+    flipped = 0.5 if choices["sigmoid_tanh"] else 3.0
+    path.write_text(json.dumps({**entry, "speedups": {**entry["speedups"], "sigmoid_tanh": flipped}}))
+    again, note, speedups = cached_kernel_choices(str(tmp_path))
+    assert again["sigmoid_tanh"] is not choices["sigmoid_tanh"] and speedups["sigmoid_tanh"] == flipped
+    assert note == f"cached {entry['measured_at']} in {path}, delete it to measure again"
+    rnn.pin_kernel_choices(again, note, speedups)
+    model = tiny_model()  # the CPU step loops (rnn_impl auto), which take the pinned tanh
+    assert (model.decoder.tanh is rnn.sigmoid_tanh) is again["sigmoid_tanh"]
+    assert rnn.describe_tanh(model.decoder.tanh).endswith(f"; {note})")
+    if rnn._packing_available(torch.float32):  # decoding's line for its float32 products says the same
+        assert rnn.describe_packing().endswith(f"; {note})")
+    path.write_text("{not json")
+    with caplog.at_level(logging.WARNING):
+        _, note, _ = cached_kernel_choices(str(tmp_path))
+    assert "unreadable cache entry" in caplog.text and note.startswith("saved to")
+    assert cached_kernel_choices(None)[1] is None  # amp_cache=null: measured, kept nowhere
 
 
 def test_the_loss_line_says_whether_the_train_loss_is_smoothed():

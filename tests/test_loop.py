@@ -157,5 +157,8 @@ def test_the_tanh_log_line_names_the_choice_and_its_measurement():
     slow = loop.tanh_line(False, 0.93)
     assert slow.startswith("torch.tanh (2σ(2x) − 1 measured 0.93x") and f"{loop.SIGMOID_TANH_MARGIN}x" in slow
     assert loop.tanh_line(False, None) == "torch.tanh"
+    # a pinned choice says where it came from: a resume (no measurement), or the per-machine cache
+    assert loop.tanh_line(False, None, "kept") == "torch.tanh (kept)"
+    assert loop.tanh_line(True, 1.9, "cached") == "2σ(2x) − 1 (measured 1.9x as fast as torch.tanh on this CPU; cached)"
     loop.sigmoid_tanh_speedup()  # measured in this process, so describe_tanh reports it whichever it chose
     assert "measured" in loop.describe_tanh(loop.tanh_kernel("loop"))

@@ -122,7 +122,7 @@ def test_a_resumed_run_keeps_the_runs_measured_kernel_choices(reference, tmp_pat
     args = [f"data.dir={sample_dir}", *COMMON, f"trainer.max_steps={STEPS + 2}"]
     resumed = run_module("nmt.train", [*args, f"hydra.run.dir={run_dir}", "trainer.resume=true"], cache)
     said = re.findall(r"\] - tanh: (.*)$", resumed.stderr, re.M)
-    assert said == ["2σ(2x) − 1 (this run's choice, kept on resume)" if flipped else "torch.tanh"], said
+    assert said == [f"{'2σ(2x) − 1' if flipped else 'torch.tanh'} (this run's choice, kept on resume)"], said
     assert checkpoint.load(run_dir / "checkpoints" / "last.pt")["kernels"]["sigmoid_tanh"] is flipped
 
 

@@ -242,7 +242,9 @@ def packs_float32() -> bool:
 
 
 _PINNED: dict[str, bool] = {}  # measured kernel choices given instead (pin_kernel_choices)
+_PIN_NOTE: dict[str, object] = {}  # where the pinned choices came from, for the log (pin_kernel_choices)
 KERNEL_CHOICES = ("sigmoid_tanh", "float32_packing")
+KEPT_ON_RESUME = "this run's choice, kept on resume"
 
 
 def kernel_choices() -> dict[str, bool]:
@@ -254,24 +256,50 @@ def kernel_choices() -> dict[str, bool]:
     return {"sigmoid_tanh": uses_sigmoid_tanh(), "float32_packing": packs_float32()}
 
 
-def pin_kernel_choices(choices: dict[str, bool]) -> None:
+def measured_speedups() -> dict[str, float]:
+    """What ``kernel_choices`` decides from, measured in this process: ``sigmoid_tanh_speedup`` and
+    ``float32_packing_speedup`` (0.0 where oneDNN cannot pack float32 weights)."""
+    return {"sigmoid_tanh": sigmoid_tanh_speedup(), "float32_packing": float32_packing_speedup()}
+
+
+def choices_from_speedups(speedups: dict[str, float]) -> dict[str, bool]:
+    """``measured_speedups`` (now, or read from a cache) as the choices ``kernel_choices`` makes from them."""
+    return {
+        "sigmoid_tanh": speedups["sigmoid_tanh"] >= SIGMOID_TANH_MARGIN,
+        "float32_packing": _packing_available(torch.float32) and speedups["float32_packing"] >= PACKING_MARGIN,
+    }
+
+
+def pin_kernel_choices(
+    choices: dict[str, bool], note: str = KEPT_ON_RESUME, speedups: dict[str, float] | None = None
+) -> None:
     """Take these ``kernel_choices`` in this process instead of measuring, replacing earlier pins (a sweep
     runs its jobs in one process); other keys are ignored, a missing one is measured. Call before the model
-    is built: its tanh is chosen when it is."""
+    is built: its tanh is chosen when it is. ``note`` and ``speedups`` are for the log lines
+    (``describe_tanh``, ``describe_packing``): where the choices came from (a resume, a cached measurement)
+    and the measurement behind them, when known."""
     _PINNED.clear()
     _PINNED.update({k: bool(v) for k, v in choices.items() if k in KERNEL_CHOICES})
+    _PIN_NOTE.clear()
+    _PIN_NOTE.update(note=note, speedups=speedups or {})
 
 
 def describe_packing() -> str:
     """One line for the log: how a search's float32 products run on the CPU fast path, and why."""
     if not _packing_available(torch.float32):
         return "F.linear (oneDNN cannot pack float32 weights in this PyTorch)"
+    note = None
     if _PINNED.get("float32_packing") is not None:
-        return f"{'oneDNN packed weights' if packs_float32() else 'F.linear'} (this run's choice, kept on resume)"
-    speedup = float32_packing_speedup()
-    if speedup >= PACKING_MARGIN:
-        return f"oneDNN packed weights (measured {speedup:.2f}x as fast as F.linear on this CPU)"
-    return f"F.linear (oneDNN packed weights measured {speedup:.2f}x its speed, below the {PACKING_MARGIN}x they need)"
+        speedup, note = _PIN_NOTE["speedups"].get("float32_packing"), _PIN_NOTE["note"]
+        if speedup is None:
+            return f"{'oneDNN packed weights' if packs_float32() else 'F.linear'} ({note})"
+    else:
+        speedup = float32_packing_speedup()
+    if packs_float32():
+        line = f"oneDNN packed weights (measured {speedup:.2f}x as fast as F.linear on this CPU"
+    else:
+        line = f"F.linear (oneDNN packed weights measured {speedup:.2f}x its speed, below the {PACKING_MARGIN}x needed"
+    return line + (f"; {note})" if note else ")")
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -386,22 +414,30 @@ def uses_sigmoid_tanh() -> bool:
 
 def describe_tanh(tanh: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """One line for the log: which tanh a model computes (``tanh_kernel``), and why."""
+    pinned = _PINNED.get("sigmoid_tanh")
+    if pinned is not None:
+        if pinned and tanh is not sigmoid_tanh:  # eager/cudnn: the plain version, whatever the CPU measured
+            return "torch.tanh"
+        return tanh_line(pinned, _PIN_NOTE["speedups"].get("sigmoid_tanh"), _PIN_NOTE["note"])
     measured = sigmoid_tanh_speedup() if sigmoid_tanh_speedup.cache_info().currsize else None
     return tanh_line(tanh is sigmoid_tanh, measured)
 
 
-def tanh_line(formula: bool, measured: float | None) -> str:
+def tanh_line(formula: bool, measured: float | None, note: str | None = None) -> str:
     """``describe_tanh``'s words: ``formula`` whether the model computes 2σ(2x) − 1, ``measured`` its speed
-    against torch.tanh on this CPU, or None where nothing was measured (CUDA, ``eager``/``cudnn``)."""
+    against torch.tanh on this CPU, or None where nothing was measured (CUDA, ``eager``/``cudnn``, a resume);
+    ``note``: where a pinned choice came from (``pin_kernel_choices``)."""
+    end = f"; {note})" if note else ")"
+    if measured is None:
+        name = "2σ(2x) − 1" if formula else "torch.tanh"
+        return f"{name} ({note})" if note else name
     if formula:
-        if measured is None:  # pinned: a resumed run keeps its own choice (pin_kernel_choices)
-            return "2σ(2x) − 1 (this run's choice, kept on resume)"
-        return f"2σ(2x) − 1 (measured {measured:.1f}x as fast as torch.tanh on this CPU)"
-    if measured is None or measured >= SIGMOID_TANH_MARGIN:  # not measured, or kept for another reason (eager)
+        return f"2σ(2x) − 1 (measured {measured:.1f}x as fast as torch.tanh on this CPU{end}"
+    if measured >= SIGMOID_TANH_MARGIN:  # kept for another reason (eager, cudnn)
         return "torch.tanh"
     return (
         f"torch.tanh (2σ(2x) − 1 measured {measured:.2f}x its speed on this CPU, "
-        f"below the {SIGMOID_TANH_MARGIN}x it needs)"
+        f"below the {SIGMOID_TANH_MARGIN}x it needs{end}"
     )
 
 
