@@ -32,7 +32,6 @@ from nmt.distributed import Dist
 from nmt.heartbeat import clock, heartbeat
 from nmt.logger import RunLogger
 from nmt.models.seq2seq import Seq2Seq, nll_loss
-from nmt.plots import heatmap
 from nmt.rundir import RunDir, step_name
 from nmt.schedules import BudgetDecay, budget_done
 from nmt.search import SearchOptions
@@ -177,6 +176,8 @@ class Validator:
         """Heatmaps of the first few validation sentences (saved in the run directory, sent to wandb)."""
         if self.plot_sentences <= 0:
             return {}
+        from nmt.plots import heatmap  # matplotlib (~0.6 s to import): only when heatmaps are drawn
+
         self.plot_dir.mkdir(parents=True, exist_ok=True)
         images = {}
         for k, tr in enumerate(self.translator.translate(self.bleu_src[: self.plot_sentences], return_attention=True)):

@@ -239,6 +239,7 @@ RESUME_MAY_CHANGE = (
     "trainer.patience",
     "trainer.log_every",
     "trainer.log_seconds",
+    "trainer.plot_attention",
     "trainer.checkpoint_minutes",
     "trainer.threads",
     "trainer.average_last",  # these four act only once training has ended

@@ -28,6 +28,8 @@ TINY = [
     "wandb.mode=disabled",
     # Choosing decoding defaults costs ~3 s per tiny run (13 decodes); tests/test_finishing.py turns it on.
     "trainer.tune_decoding=false",
+    # Three heatmaps per validation (matplotlib) cost ~1-3 s per tiny run; the `trained` fixture draws them.
+    "trainer.plot_attention=0",
 ]
 
 

@@ -18,7 +18,6 @@ def sweep_args(sample_dir, sweep_dir, *launcher):
         "trainer.max_steps=4",
         "trainer.valid_every=4",
         "data.valid_max_sentences=5",
-        "trainer.plot_attention=0",
         f"hydra.sweep.dir={sweep_dir}",
         "hydra.sweep.subdir=job${hydra.job.num}",
     ]

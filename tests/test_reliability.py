@@ -160,6 +160,11 @@ def test_resume_refuses_a_changed_config_unless_allowed(tmp_path, sample_dir, ca
         tmp_path,
     )
     assert result["step"] == 20
+    # how a run logs may change without being named: heatmaps on or off, progress lines
+    from nmt.training import config_changes
+
+    saved, now = {"trainer": {"plot_attention": 3, "log_every": 10}}, {"trainer": {"plot_attention": 0, "log_every": 1}}
+    assert config_changes(saved, now, []) == []
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
