@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from omegaconf import DictConfig
 
-from nmt import checkpoint
-from nmt.checkpoint import average
 from nmt.cli import command
 from nmt.config import register_configs
 from nmt.errors import ConfigError
 from nmt.rundir import RunDir
+
+# Startup: only the launcher is imported up front (a mistake answers in well under a second); torch and
+# the checkpoint code come in when there is something to average.
 
 log = logging.getLogger("nmt.average")
 register_configs()
@@ -34,11 +34,15 @@ def newest(run_dir: str, n: int) -> list[str]:
 
 @command("average")
 def main(cfg: DictConfig) -> None:
+    import torch
+
+    from nmt import checkpoint
+
+    torch.set_grad_enabled(False)
     paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])
-    checkpoint.save(cfg.output, average(paths))  # atomic, as every checkpoint
+    checkpoint.save(cfg.output, checkpoint.average(paths))  # atomic, as every checkpoint
     log.info("averaged %d checkpoints into %s: %s", len(paths), cfg.output, ", ".join(paths))
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

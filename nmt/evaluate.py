@@ -20,8 +20,9 @@ from nmt.cli import command
 from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.errors import NmtError
-from nmt.runtime import check_outputs, load_translator
-from nmt.translator import workers
+
+# Startup: only the launcher is imported up front, so `--help` and a config mistake answer in well under a
+# second; the model code (nmt.runtime, nmt.translator: torch) comes in when there is something to score.
 
 log = logging.getLogger("nmt.evaluate")
 register_configs()
@@ -120,6 +121,9 @@ def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
 
 @command("evaluate")
 def main(cfg: DictConfig) -> None:
+    from nmt.runtime import check_outputs, load_translator
+    from nmt.translator import workers
+
     check_outputs(cfg.hypotheses, cfg.json)
     pairs = load_pairs(CorpusSpec(cfg.input))
     tr = load_translator(cfg)

@@ -22,7 +22,7 @@ import json
 import logging
 import threading
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, jsonify, request
 from omegaconf import DictConfig
@@ -31,8 +31,12 @@ from werkzeug.exceptions import HTTPException
 from nmt.cli import command
 from nmt.config import register_configs
 from nmt.errors import ConfigError
-from nmt.runtime import load_translator
-from nmt.translator import Translation, Translator
+
+if TYPE_CHECKING:
+    from nmt.translator import Translation, Translator
+
+# Startup: only the launcher and Flask are imported up front, so `--help` and a config mistake answer in well
+# under a second; the model code (nmt.runtime: torch) comes in when the server loads its checkpoint.
 
 log = logging.getLogger("nmt.serve")
 register_configs()
@@ -168,6 +172,8 @@ def make_server(app: Flask, host: str, port: int, threads: int):
 def main(cfg: DictConfig) -> None:
     if cfg.http_threads < 1:  # checked before the model is loaded
         raise ConfigError(f"http_threads={cfg.http_threads}: the server needs at least 1 worker thread")
+    from nmt.runtime import load_translator
+
     app = create_app(load_translator(cfg), cfg.max_chars)
     server = make_server(app, cfg.host, cfg.port, cfg.http_threads)
     log.info(

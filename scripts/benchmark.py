@@ -76,19 +76,20 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from nmt import checkpoint
-from nmt.config import to_plain
+from nmt.config import register_configs, to_plain
 from nmt.data import build_specs, build_tokenizer, prepare_corpus
 from nmt.data.corpus import load_pairs
 from nmt.distributed import Dist
 from nmt.models.build import model_from_config
 from nmt.rundir import RunDir
+from nmt.runner import build_loader
 from nmt.runtime import resolve_device
 from nmt.search import SearchOptions
-from nmt.train import build_loader  # (importing nmt.train registers the config schema)
 from nmt.training import build_shortlist, build_trainer
 from nmt.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]
+register_configs()  # the typed schema behind configs/config.yaml, as nmt.train registers it
 MODELS = {
     "r": ["experiment=model_r"],
     "r_fp32": ["experiment=model_r", "trainer.amp=none"],

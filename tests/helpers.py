@@ -33,6 +33,17 @@ TINY = [
 ]
 
 
+def compose_cfg(overrides: list[str]):
+    """The training config as ``python -m nmt.train OVERRIDES`` composes it (schema registered, as nmt.train does)."""
+    from hydra import compose, initialize_config_dir
+
+    from nmt.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
 def env(cache: Path) -> dict:
     e = dict(os.environ)
     e.update(

@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from helpers import tokenizer_cfg
 from nmt import checkpoint
-from nmt.average import average
+from nmt.checkpoint import average
 from nmt.config import TrainConfig, to_plain
 from nmt.data import build_tokenizer
 from nmt.data.corpus import CorpusSpec

@@ -174,3 +174,13 @@ def test_only_single_runs_of_commands_without_a_run_directory_skip_hydras_run():
     assert not runs_in_place(COMMANDS["translate"], ["-m", "checkpoint=a.pt", "beam_size=1,5"])  # a sweep
     assert not runs_in_place(COMMANDS["translate"], ["checkpoint=a.pt", "hydra.run.dir=x"])
     assert not runs_in_place(COMMANDS["translate"], ["checkpoint=a.pt", "hydra/job_logging=disabled"])
+
+
+def test_the_commands_check_their_config_before_importing_torch():
+    """Entry points stay thin: importing one loads the launcher and the schema, not torch, the models or
+    matplotlib, so `--help` and a config mistake answer at once; the work comes in after the checks."""
+    commands = ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.serve", "nmt.average"]
+    heavy = ["torch", "matplotlib", "nmt.models", "nmt.trainer", "nmt.runtime"]
+    code = f"import sys, {', '.join(commands)}; print([m for m in {heavy!r} if m in sys.modules])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]

@@ -21,10 +21,10 @@ from nmt.distributed import Dist
 from nmt.errors import ConfigError, NmtError
 from nmt.finishing import DecodingGrid, Finished, choose_decoding, choose_stop
 from nmt.rundir import RunDir
+from nmt.runner import finish
 from nmt.runtime import load_translator, search_options
 from nmt.search import SearchOptions
 from nmt.shortlist import Shortlist
-from nmt.train import finish
 from nmt.trainer import FitResult, Progress
 from nmt.training import config_changes
 

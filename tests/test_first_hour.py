@@ -189,7 +189,7 @@ def test_translate_refuses_a_missing_output_folder_and_reports_binary_lines(trai
 
 
 def test_the_resume_hint_replaces_the_limit_it_asks_to_raise():
-    from nmt.train import resume_command
+    from nmt.runner import resume_command
 
     cmd = resume_command(
         ["trainer.max_steps=190", "attention=dot", "hydra.run.dir=old"], Path("runs/a"), "trainer.max_steps=..."

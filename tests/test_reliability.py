@@ -18,13 +18,12 @@ from collections import Counter
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import nmt.trainer
-from helpers import REPO, TINY, popen_module, run_module
+from helpers import TINY, compose_cfg, popen_module, run_module
 from nmt import checkpoint
 from nmt.errors import ConfigError, NmtError
-from nmt.train import run
+from nmt.runner import run
 
 FAULTS: Counter = Counter()
 STEPS = 45
@@ -124,11 +123,6 @@ def test_a_resumed_run_keeps_the_runs_measured_kernel_choices(reference, tmp_pat
     said = re.findall(r"\] - tanh: (.*)$", resumed.stderr, re.M)
     assert said == [f"{'2σ(2x) − 1' if flipped else 'torch.tanh'} (this run's choice, kept on resume)"], said
     assert checkpoint.load(run_dir / "checkpoints" / "last.pt")["kernels"]["sigmoid_tanh"] is flipped
-
-
-def compose_cfg(overrides):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return compose("config", overrides=overrides)
 
 
 def tiny_cfg(sample_dir, *extra):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from nmt.average import average
+from nmt.checkpoint import average
 from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS
 from nmt.models.seq2seq import Ensemble

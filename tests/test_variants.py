@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from helpers import REPO, TINY
+from helpers import TINY, compose_cfg
 from nmt.config import validate
-from nmt.train import run
+from nmt.runner import run
 
 VARIANTS = [
     ["attention=dot"],
@@ -23,11 +22,6 @@ VARIANTS = [
     ["trainer.teacher_forcing=0.7"],
     ["encoder.layers=2", "decoder.layers=2"],
 ]
-
-
-def compose_cfg(overrides):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return compose("config", overrides=overrides)
 
 
 @pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: ",".join(o))

@@ -1,0 +1,286 @@
+"""One training run, as ``python -m nmt.train`` starts it: a resolved config → data, tokenizer, model,
+trainer → a trained checkpoint, and what the run says when it ends (``finish``).
+
+Library code: the entry point ``nmt.train`` parses and checks the config first (a mistake answers in well
+under a second, before torch is imported) and then calls ``run``. Its log lines are the command's
+(``nmt.train``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from nmt.calibrate import cached_kernel_choices
+from nmt.config import to_plain
+from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
+from nmt.data.batching import Batch, BatchStream, worker_context, worker_errors, worker_init
+from nmt.data.corpus import CorpusSpec, load_pairs
+from nmt.data.tokenizer import Sampling, Tokenizer
+from nmt.distributed import Dist, init_distributed, shutdown
+from nmt.errors import ConfigError, NmtError
+from nmt.finishing import Finished, Finisher
+from nmt.heartbeat import heartbeat
+from nmt.logger import RunLogger
+from nmt.models.build import count_parameters, model_from_config
+from nmt.models.rnn import KEPT_ON_RESUME, pin_kernel_choices
+from nmt.rundir import RunDir
+from nmt.runtime import resolve_device
+from nmt.schedules import BudgetDecay
+from nmt.trainer import FitResult
+from nmt.training import build_finisher, build_trainer, config_changes
+
+log = logging.getLogger("nmt.train")  # the command's voice: its lines read [nmt.train]
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def quiet_other_ranks(d: Dist) -> None:
+    """Only rank 0 writes the run's log file; the others keep warnings on stderr, tagged."""
+    if d.is_main:
+        return
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if isinstance(h, logging.FileHandler):
+            root.removeHandler(h)
+        else:
+            h.setFormatter(logging.Formatter(f"[rank {d.rank}][%(name)s][%(levelname)s] - %(message)s"))
+    root.setLevel(logging.WARNING)
+
+
+def build_loader(
+    cfg: DictConfig,
+    train: CorpusSpec,
+    tokenizer: Tokenizer,
+    device: torch.device,
+    shards: Sequence[int] = (0,),
+    num_shards: int = 1,
+    starts: Sequence[tuple[int, int]] | None = None,
+) -> Iterator[Batch]:
+    """The training batches: this rank's shards of the stream, built in a DataLoader worker, with the
+    data-side regularisers (subword sampling, word dropout) that only training gets."""
+    d, t = cfg.data, cfg.tokenizer
+    if t.sample_alpha or d.src_word_dropout or d.tgt_word_dropout:
+        log.info(
+            "training stream: subword sampling alpha=%g nbest=%d, word dropout source %g target input %g",
+            t.sample_alpha,
+            t.sample_nbest,
+            d.src_word_dropout,
+            d.tgt_word_dropout,
+        )
+    stream = BatchStream(
+        train,
+        tokenizer.state_dict(),
+        d.max_len,
+        d.max_tokens,
+        d.bucket_size,
+        d.shuffle_buffer,
+        cfg.seed,
+        shards=shards,
+        num_shards=num_shards,
+        starts=starts,
+        sampling=Sampling(t.sample_alpha, t.sample_nbest),
+        word_dropout=(d.src_word_dropout, d.tgt_word_dropout),
+    )
+    loader = torch.utils.data.DataLoader(
+        stream,
+        batch_size=None,
+        num_workers=d.num_workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=8 if d.num_workers else None,
+        # Its own generator: making the iterator would otherwise draw a seed from the global RNG
+        # after a resume restored it, and the resumed run's dropout masks would drift.
+        generator=torch.Generator().manual_seed(cfg.seed),
+        worker_init_fn=worker_init,
+        # Explicit: inside a joblib (loky) sweep job the default context is loky's, which cannot
+        # start a DataLoader worker.
+        multiprocessing_context=worker_context() if d.num_workers else None,
+    )
+    return worker_errors(iter(loader))
+
+
+def resume_command(overrides: Sequence[str], run_dir: Path, then: str = "") -> str:
+    """The exact command that continues a run: its overrides, its run directory, trainer.resume=true,
+    and ``then`` (e.g. ``trainer.max_steps=...``, which replaces that key's override)."""
+    drop = {"trainer.resume", "hydra.run.dir", then.split("=", 1)[0]}
+    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in drop]
+    extra = [then] if then else []
+    return shlex.join(["python", "-m", "nmt.train", *keep, f"hydra.run.dir={run_dir}", "trainer.resume=true", *extra])
+
+
+def run(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:
+    """Train with a resolved config; returns the last validation record. ``overrides`` (the command
+    line's) only make the resume hint exact."""
+    plain = to_plain(cfg)  # resolves interpolations and fails on missing values before any work
+    d, device = init_distributed(resolve_device(cfg.device))
+    try:
+        return _run(cfg, plain, Path(d.broadcast(str(run_dir))), d, device, overrides)
+    finally:
+        shutdown(d)
+
+
+def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.device, overrides: Sequence[str]) -> dict:
+    quiet_other_ranks(d)
+    if cfg.data.num_workers > 1:
+        raise ConfigError(
+            f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (the batch stream runs in one worker "
+            "process per rank, 0 = in the main process; scripts/benchmark.py measures its data wait)"
+        )
+    if d.active:
+        log.info(
+            "distributed: world size %d (%s backend), %d data shards, global batch %d x %d tokens",
+            d.world_size,
+            "nccl" if device.type == "cuda" else "gloo",
+            d.world_size * cfg.trainer.accum_steps,
+            d.world_size * cfg.trainer.accum_steps,
+            cfg.data.max_tokens,
+        )
+    rundir = RunDir(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    seed_everything(cfg.seed + d.rank)  # own dropout masks per rank
+    if d.is_main:  # fetch once (the other ranks find the files, on a shared filesystem)
+        prepare_corpus(cfg.data)
+    d.barrier()
+    if not d.is_main:
+        prepare_corpus(cfg.data)
+    specs = build_specs(cfg.data)
+    if cfg.data.strict and d.is_main:
+        check_corpus(specs["train"])  # a bad line stops the run here, not in the DataLoader worker later
+    if d.is_main:  # after the corpus checks: a command that fails them leaves no folder to name
+        log.info("run directory: %s", run_dir)
+    resume_from = rundir.resumable(device) if cfg.trainer.resume else None
+    if cfg.trainer.resume and resume_from is None:
+        if rundir.is_resumable():  # checkpoint files exist, but none could be read (warnings above)
+            raise NmtError(
+                f"trainer.resume=true, but no checkpoint in {rundir.checkpoints} is readable (see the warnings "
+                "above); nothing was changed: move the damaged files away to start this run again at step 0"
+            )
+        log.warning("trainer.resume=true, but %s has no checkpoint yet: starting this run at step 0", run_dir)
+    if resume_from is not None:
+        changed = config_changes(resume_from[1]["config"], plain, list(cfg.trainer.allow_changes))
+        if changed:
+            raise ConfigError(
+                f"resuming {resume_from[0]} with a different config ({'; '.join(changed)}); "
+                "name intended changes in trainer.allow_changes=[KEY,...] or use a new hydra.run.dir"
+            )
+        tokenizer = Tokenizer.from_state_dict(resume_from[1]["tokenizer"])  # the run's own pieces
+    else:  # trained once, on rank 0; every rank gets the same pieces
+        state = None
+        if d.is_main:
+            with heartbeat("preparing sentencepiece (read the corpus sample, train or load from the cache)"):
+                state = build_tokenizer(cfg.tokenizer, specs["train"]).state_dict()
+        tokenizer = Tokenizer.from_state_dict(d.broadcast(state))
+    # Measured kernel choices (the step loops' tanh, packed float32 products): those of the run being resumed,
+    # else rank 0's cached per CPU model, so that every rank, a resumed run and every fresh run on this
+    # machine compute alike (a busy CPU can tip a measurement the other way). Before the model is built: it
+    # takes its tanh then.
+    kernels = resume_from[1].get("kernels") if resume_from is not None else None
+    pin: tuple | None = (kernels, KEPT_ON_RESUME, None) if kernels is not None else None
+    if pin is None and device.type == "cpu" and d.is_main:
+        pin = cached_kernel_choices(cfg.trainer.get("amp_cache"))
+    pin_kernel_choices(*(d.broadcast(pin) or ({},)))
+    model = model_from_config(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, device).to(device)
+    log.info(
+        "model: %s encoder, %s attention, %s-order decoder, %s parameters, device %s",
+        cfg.encoder.cell,
+        cfg.attention.name,
+        cfg.decoder.order,
+        f"{count_parameters(model):,}",
+        device,
+    )
+    valid = load_pairs(specs["valid"])
+    logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume) if d.is_main else None
+    try:  # the logger's one owner: finished here, whatever happens
+        trainer = build_trainer(cfg, plain, model, tokenizer, valid, rundir, device, d, logger)
+        if resume_from is not None:
+            trainer.load_state(*resume_from, seed=cfg.seed)
+        loader = build_loader(
+            cfg, specs["train"], tokenizer, device, trainer.shards, trainer.num_shards, trainer.data_starts()
+        )
+        log.info("%s", stop_rule(cfg.trainer))
+        result = trainer.fit(loader)
+    finally:
+        if logger is not None:
+            logger.finish()
+    return finish(result, trainer, rundir, overrides, build_finisher(cfg.trainer, rundir, specs["train"], tokenizer))
+
+
+def stop_rule(t) -> str:
+    """One line on when the run ends, so nobody wonders whether it ever will."""
+    limits = [f"trainer.{k}={getattr(t, k):g}" for k in ("max_steps", "max_minutes", "max_epochs") if getattr(t, k)]
+    rule = f"training until {' or '.join(limits)}" if limits else "training with no step/time limit"
+    if t.patience:
+        rule += f"{' or' if limits else ','} until {t.patience} validations bring no BLEU gain (trainer.patience)"
+    return rule + "; Ctrl-C saves a checkpoint and prints how to resume"
+
+
+def finish(
+    result: FitResult, trainer, rundir: RunDir, overrides: Sequence[str], finisher: Finisher | None = None
+) -> dict:
+    """Say how the run ended: why, where the best model is and how to use it (or how to resume). A run
+    that ended normally is first finished (``averaged.pt``, decoding defaults: ``nmt.finishing``)."""
+    p = trainer.progress
+    if result.signum is not None:
+        if result.saved is not None:
+            log.warning(
+                "interrupted at step %d: saved %s; continue with trainer.resume=true in the same run directory:\n  %s",
+                p.step,
+                result.saved,
+                resume_command(overrides, rundir.root),
+            )
+        raise SystemExit(128 + result.signum)
+    if result.fault:
+        raise NmtError(
+            f"stopped at step {p.step}: {result.reason}; {rundir.last} holds the weights from "
+            "before the fault (try a lower trainer.lr, or check the data)"
+        )
+    if trainer.saver.failed:
+        raise NmtError(
+            f"training ended at step {p.step}, but its final checkpoint could not be written to "
+            f"{rundir.checkpoints} (see the errors above)"
+        )
+    log.info("stopping: %s", result.reason)  # why, before the minutes of finishing that follow
+    done = Finished()
+    if finisher is not None and trainer.dist.is_main:
+        done = finisher(trainer.model, trainer.validator, p)
+    trainer.dist.barrier()  # the other ranks wait while rank 0 finishes
+    if trainer.dist.is_main and p.best_bleu >= 0:
+        best = rundir.best
+        log.info("best valid BLEU %.2f at step %d: %s%s", p.best_bleu, p.best_step, best, done.decodes(best))
+        if done.averaged is not None:
+            log.info(
+                "averaged %s: valid BLEU %.2f (best.pt %.2f): %s%s",
+                ", ".join(Path(f).name for f in done.averaged_from),
+                done.averaged_bleu,
+                p.best_bleu,
+                done.averaged,
+                done.decodes(done.averaged),
+            )
+        log.info(
+            "translate with: python -m nmt.translate checkpoint=%s input=FILE output=FILE",
+            done.recommended(best, p.best_bleu),
+        )
+        limit = result.reason.split()[1].split("=")[0] if result.reason.startswith("reached trainer.") else None
+        if limit:
+            log.info(
+                "to train further, raise %s and resume: %s%s",
+                limit,
+                resume_command(overrides, rundir.root, f"{limit}=..."),
+                "\n  (trainer.scheduler=budget then spreads its decay over the larger budget: the learning rate "
+                "rises again before it falls)"
+                if isinstance(trainer.sched, BudgetDecay) and limit != "trainer.max_epochs"
+                else "",
+            )
+    return result.last_validation
