@@ -46,7 +46,7 @@ from nmt.config import (
     schema_keys,
     validate,
 )
-from nmt.errors import NmtError
+from nmt.errors import CheckpointError, NmtError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -296,6 +296,22 @@ def runs_in_place(cmd: Command, argv: Sequence[str]) -> bool:
     return cmd.name in IN_PLACE and not any(
         a in ("-m", "--multirun") or a.lstrip("+~").startswith("hydra") for a in argv
     )
+
+
+def check_paths(
+    checkpoints: Sequence[str | None] = (), inputs: Sequence[str | None] = (), outputs: Sequence[str | None] = ()
+) -> None:
+    """Refuse, before torch or any model is loaded, a checkpoint or input file that does not exist and an
+    output file whose folder does not exist (a checkpoint's contents are checked when it is loaded)."""
+    for path in checkpoints:
+        if path and not Path(path).is_file():
+            raise CheckpointError(f"{path}: checkpoint not found")
+    for path in inputs:
+        if path and not Path(path).is_file():
+            raise NmtError(f"{path}: input file not found")
+    for path in outputs:
+        if path and not Path(path).resolve().parent.is_dir():
+            raise NmtError(f"{path}: its folder {Path(path).parent} does not exist (create it, or write elsewhere)")
 
 
 def console_logging() -> None:

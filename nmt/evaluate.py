@@ -16,7 +16,7 @@ from pathlib import Path
 import sacrebleu
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.cli import command
+from nmt.cli import check_paths, command
 from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.errors import NmtError
@@ -121,11 +121,12 @@ def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
 
 @command("evaluate")
 def main(cfg: DictConfig) -> None:
-    from nmt.runtime import check_outputs, load_translator
+    baseline = [cfg.baseline] if cfg.baseline and cfg.baseline.endswith(".pt") else []
+    check_paths([cfg.checkpoint, *cfg.ensemble, *baseline], outputs=[cfg.hypotheses, cfg.json])
+    pairs = load_pairs(CorpusSpec(cfg.input))  # a missing or malformed file: one line, before torch is loaded
+    from nmt.runtime import load_translator
     from nmt.translator import workers
 
-    check_outputs(cfg.hypotheses, cfg.json)
-    pairs = load_pairs(CorpusSpec(cfg.input))
     tr = load_translator(cfg)
     sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
     with workers(tr, cfg.workers) as tx:

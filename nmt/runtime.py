@@ -8,14 +8,13 @@ and ``nmt.train`` picks its device here too.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from nmt import checkpoint
 from nmt.data.tokenizer import Tokenizer
-from nmt.errors import ConfigError, NmtError
+from nmt.errors import ConfigError
 from nmt.models import quant
 from nmt.models.build import model_from_config
 from nmt.models.rnn import pin_kernel_choices
@@ -169,10 +168,3 @@ def decode_products(
 
         why += f"; products by {describe_packing()}"
     return f"{'bf16' if dtype == torch.bfloat16 else 'float32'} ({why})"
-
-
-def check_outputs(*paths: str | None) -> None:
-    """Refuse, before any model is loaded, an output file whose folder does not exist."""
-    for path in paths:
-        if path and not Path(path).resolve().parent.is_dir():
-            raise NmtError(f"{path}: its folder {Path(path).parent} does not exist (create it, or write elsewhere)")

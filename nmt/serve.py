@@ -28,7 +28,7 @@ from flask import Flask, Response, jsonify, request
 from omegaconf import DictConfig
 from werkzeug.exceptions import HTTPException
 
-from nmt.cli import command
+from nmt.cli import check_paths, command
 from nmt.config import register_configs
 from nmt.errors import ConfigError
 
@@ -172,6 +172,7 @@ def make_server(app: Flask, host: str, port: int, threads: int):
 def main(cfg: DictConfig) -> None:
     if cfg.http_threads < 1:  # checked before the model is loaded
         raise ConfigError(f"http_threads={cfg.http_threads}: the server needs at least 1 worker thread")
+    check_paths([cfg.checkpoint, *cfg.ensemble])
     from nmt.runtime import load_translator
 
     app = create_app(load_translator(cfg), cfg.max_chars)

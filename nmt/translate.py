@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from omegaconf import DictConfig
 
-from nmt.cli import command
+from nmt.cli import check_paths, command
 from nmt.config import register_configs
-from nmt.errors import NmtError
 
 if TYPE_CHECKING:
     from nmt.translator import Translation, Translator, Workers
@@ -125,12 +124,10 @@ def _flush(tr: Translator | Workers, buf: list[str], sink: Sink) -> None:
 
 @command("translate")
 def main(cfg: DictConfig) -> None:
-    if cfg.input and not Path(cfg.input).is_file():
-        raise NmtError(f"{cfg.input}: input file not found")
-    from nmt.runtime import check_outputs, load_translator
+    check_paths([cfg.checkpoint, *cfg.ensemble], [cfg.input], [cfg.output, cfg.attention_out])
+    from nmt.runtime import load_translator
     from nmt.translator import workers
 
-    check_outputs(cfg.output, cfg.attention_out)
     tr = load_translator(cfg)
     with contextlib.ExitStack() as stack:
         tx = stack.enter_context(workers(tr, cfg.workers, interactive=cfg.input is None))

@@ -184,3 +184,20 @@ def test_the_commands_check_their_config_before_importing_torch():
     code = f"import sys, {', '.join(commands)}; print([m for m in {heavy!r} if m in sys.modules])"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module", ["nmt.translate", "nmt.evaluate", "nmt.serve"])
+def test_a_missing_checkpoint_is_refused_before_torch_is_imported(module, tmp_path):
+    """The decoding commands look for their files (checkpoint, ensemble, input, output folder) first: a typo
+    answers in one line without the seconds of importing torch and the model code."""
+    argv = [module, f"checkpoint={tmp_path}/nope.pt", f"input={tmp_path}/in.tsv"][: 2 if module == "nmt.serve" else 3]
+    code = (
+        f"import sys, runpy; sys.argv = {argv!r}\n"
+        f"try:\n    runpy.run_module({module!r}, run_name='__main__')\n"
+        "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)"
+    )
+    e = {**env(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "2 False", proc.stdout + proc.stderr[-2000:]
+    (line,) = error_lines(proc)
+    assert line.endswith(f"[{module}][ERROR] - {tmp_path}/nope.pt: checkpoint not found"), line

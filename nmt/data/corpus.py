@@ -129,12 +129,12 @@ def _hub_pairs(spec: CorpusSpec) -> datasets.IterableDataset:
 
 def stream_pairs(spec: CorpusSpec) -> datasets.IterableDataset:
     """The split as a streaming ``datasets.IterableDataset`` of ``{"src", "tgt"}``."""
-    import datasets  # lazy: translating and serving never load it
-
     if spec.hub_path is not None:
         return _hub_pairs(spec)
-    if not Path(spec.path).is_file():  # fail here, in the main process, not inside a worker
+    if not Path(spec.path).is_file():  # fail here, in the main process, not inside a worker (nor after ~3 s of imports)
         raise CorpusError(f"{spec.path}: corpus file not found")
+    import datasets  # lazy: translating and serving never load it
+
     return datasets.IterableDataset.from_generator(read_tsv, gen_kwargs={"path": spec.path, "strict": spec.strict})
 
 
