@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -348,15 +349,25 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def allowed(key: str) -> tuple[str, ...]:
-    """The values a choice key takes (``()`` for a free key); attention names are read from the registry."""
-    if key in ("attention.name", "attention.score"):
-        from nmt.models.attention import ATTENTIONS
-        from nmt.models.attention.local import LocalAttention
+# The attentions that ship with nmt, as nmt.models.attention registers them (tests/test_cli.py holds the two
+# equal): checking a config never imports the registry, which brings torch (~3 s before a one-line answer).
+BUILTIN_ATTENTIONS = (
+    "bahdanau", "concat", "coverage", "dot", "general", "local_m", "local_p", "location", "multihead", "scaled_dot",
+)  # fmt: skip
+# Those that score every position at once and are not local themselves: what local_m / local_p score with.
+BUILTIN_SCORES = ("bahdanau", "concat", "dot", "general", "location", "multihead", "scaled_dot")
 
+
+def allowed(key: str) -> tuple[str, ...]:
+    """The values a choice key takes (``()`` for a free key). Attention names: the built-in ones, and any
+    other attention registered by code imported so far (nmt.models.attention.register)."""
+    if key in ("attention.name", "attention.score"):
+        registry = sys.modules.get("nmt.models.attention.registry")  # imported by whoever registers one
+        more = {k: c for k, c in (registry.ATTENTIONS if registry else {}).items() if k not in BUILTIN_ATTENTIONS}
         if key == "attention.name":
-            return tuple(sorted(ATTENTIONS))
-        return tuple(sorted(k for k, c in ATTENTIONS.items() if c.parallel and not issubclass(c, LocalAttention)))
+            return tuple(sorted({*BUILTIN_ATTENTIONS, *more}))
+        local = {k for k, c in more.items() if any(b.__name__ == "LocalAttention" for b in c.__mro__)}
+        return tuple(sorted({*BUILTIN_SCORES, *(k for k, c in more.items() if c.parallel and k not in local)}))
     return CHOICES.get(key, ())
 
 

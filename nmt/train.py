@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from nmt.cli import command
 from nmt.config import register_configs
+from nmt.data import prepare_corpus
 from nmt.errors import NmtError
 from nmt.rundir import RunDir
 
@@ -69,14 +70,16 @@ def drop_if_unused(run_dir: Path) -> None:
 
 @command("train")
 def main(cfg: DictConfig) -> float:
-    from nmt.runner import run
-    from nmt.training import run_to_resume
-
     try:
         hc = HydraConfig.get()
         run_dir = Path(hc.runtime.output_dir)
         overrides = list(hc.overrides.task)
         given = any(o.split("=", 1)[0] == "hydra.run.dir" for o in hc.overrides.hydra)
+        if "RANK" not in os.environ:  # one process: the corpus is found (or fetched) before torch is loaded
+            prepare_corpus(cfg.data)  # (torchrun's ranks do it in run(), rank 0 first)
+        from nmt.runner import run
+        from nmt.training import run_to_resume
+
         if cfg.trainer.resume and not given and hc.mode.name == "RUN" and "RANK" not in os.environ:
             try:
                 chosen = run_to_resume(overrides, Path(hc.run.dir).parent.parent, run_dir)

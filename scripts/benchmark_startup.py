@@ -25,6 +25,8 @@ VALID = REPO.parent / "shared" / "data" / "spa-eng" / "valid.tsv"
 CASES = [  # (label, module, arguments, expected exit status)
     ("train: a bad value", "nmt.train", ["trainer.lr=abc"], 2),
     ("train --help", "nmt.train", ["--help"], 0),
+    ("train: a value out of range", "nmt.train", ["trainer.patience=-1"], 2),
+    ("train: a missing data.dir", "nmt.train", ["data.dir=/nonexistent"], 2),
     ("evaluate: a bad value", "nmt.evaluate", ["beam_size=abc"], 2),
     ("serve: a bad value", "nmt.serve", ["beam_size=abc"], 2),
     ("average: a bad value", "nmt.average", ["last=abc"], 2),

@@ -201,3 +201,26 @@ def test_a_missing_checkpoint_is_refused_before_torch_is_imported(module, tmp_pa
     assert proc.stdout.strip() == "2 False", proc.stdout + proc.stderr[-2000:]
     (line,) = error_lines(proc)
     assert line.endswith(f"[{module}][ERROR] - {tmp_path}/nope.pt: checkpoint not found"), line
+
+
+def test_the_built_in_attention_choices_are_the_registrys():
+    """nmt.config lists the shipped attentions so that checking a config imports no torch; they must be the
+    registry's, with the same scores for local attention (parallel, not local themselves)."""
+    from nmt.config import BUILTIN_ATTENTIONS, BUILTIN_SCORES, allowed
+    from nmt.models.attention import ATTENTIONS
+    from nmt.models.attention.local import LocalAttention
+
+    assert sorted(BUILTIN_ATTENTIONS) == sorted(ATTENTIONS)
+    scores = sorted(k for k, c in ATTENTIONS.items() if c.parallel and not issubclass(c, LocalAttention))
+    assert sorted(BUILTIN_SCORES) == scores
+    assert allowed("attention.name") == tuple(sorted(ATTENTIONS)) and allowed("attention.score") == tuple(scores)
+    # an attention registered by other code (a plugin module imported before the config is checked) is allowed
+
+    class Extra:
+        parallel = True
+
+    ATTENTIONS["extra_for_this_test"] = Extra
+    try:
+        assert all("extra_for_this_test" in allowed(k) for k in ("attention.name", "attention.score"))
+    finally:
+        del ATTENTIONS["extra_for_this_test"]
