@@ -17,7 +17,7 @@ from nmt.config import register_configs
 from nmt.errors import ConfigError
 from nmt.rundir import RunDir
 
-# Startup: only the launcher is imported up front (a mistake answers in well under a second); torch and
+# Startup: only the launcher is imported up front (a mistake answers in about a second); torch and
 # the checkpoint code come in when there is something to average.
 
 log = logging.getLogger("nmt.average")

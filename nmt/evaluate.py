@@ -21,7 +21,7 @@ from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, load_pairs
 from nmt.errors import NmtError
 
-# Startup: only the launcher is imported up front, so `--help` and a config mistake answer in well under a
+# Startup: only the launcher is imported up front, so `--help` and a config mistake answer in about a
 # second; the model code (nmt.runtime, nmt.translator: torch) comes in when there is something to score.
 
 log = logging.getLogger("nmt.evaluate")

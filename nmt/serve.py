@@ -35,8 +35,8 @@ from nmt.errors import ConfigError
 if TYPE_CHECKING:
     from nmt.translator import Translation, Translator
 
-# Startup: only the launcher and Flask are imported up front, so `--help` and a config mistake answer in well
-# under a second; the model code (nmt.runtime: torch) comes in when the server loads its checkpoint.
+# Startup: only the launcher and Flask are imported up front, so `--help` and a config mistake answer in about
+# a second; the model code (nmt.runtime: torch) comes in when the server loads its checkpoint.
 
 log = logging.getLogger("nmt.serve")
 register_configs()

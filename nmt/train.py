@@ -28,7 +28,7 @@ from nmt.data import prepare_corpus
 from nmt.errors import NmtError
 from nmt.rundir import RunDir
 
-# Startup: only the launcher is imported up front, so `--help` and a config mistake answer in well under a
+# Startup: only the launcher is imported up front, so `--help` and a config mistake answer in about a
 # second; the training code (nmt.runner: torch, the models, the data) comes in once the config is checked.
 
 log = logging.getLogger("nmt.train")
