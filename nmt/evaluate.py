@@ -121,8 +121,10 @@ def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
 
 @command("evaluate")
 def main(cfg: DictConfig) -> None:
-    baseline = [cfg.baseline] if cfg.baseline and cfg.baseline.endswith(".pt") else []
-    check_paths([cfg.checkpoint, *cfg.ensemble, *baseline], outputs=[cfg.hypotheses, cfg.json])
+    # baseline: a checkpoint decoded with the same search settings, or a file of hypotheses, one per input line
+    model_baseline = cfg.baseline if cfg.baseline and cfg.baseline.endswith(".pt") else None
+    file_baseline = None if model_baseline else cfg.baseline
+    check_paths([cfg.checkpoint, *cfg.ensemble, model_baseline], [file_baseline], [cfg.hypotheses, cfg.json])
     pairs = load_pairs(CorpusSpec(cfg.input))  # a missing or malformed file: one line, before torch is loaded
     from nmt.runtime import load_translator
     from nmt.translator import workers
@@ -135,14 +137,14 @@ def main(cfg: DictConfig) -> None:
     beam, alpha, stop = tr.search.beam_size, tr.search.alpha, tr.search.stop  # as given, else the checkpoint's (logged)
     s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=beam, length_penalty=alpha, stop=stop)
     if cfg.baseline:
-        if cfg.baseline.endswith(".pt"):  # decoded with the same search settings
-            same = {"checkpoint": cfg.baseline, "ensemble": [], "beam_size": beam, "length_penalty": alpha}
+        if model_baseline:
+            same = {"checkpoint": model_baseline, "ensemble": [], "beam_size": beam, "length_penalty": alpha}
             same["stop"] = stop
             base_tr = load_translator(OmegaConf.merge(cfg, same))
             with workers(base_tr, cfg.workers) as tx:
                 base = [t.text for t in tx.translate(sources)]
         else:
-            base = Path(cfg.baseline).read_text(encoding="utf-8").splitlines()
+            base = Path(file_baseline).read_text(encoding="utf-8").splitlines()
         if len(base) != len(hyps):
             raise NmtError(f"{cfg.baseline}: {len(base)} lines, expected one per line of {cfg.input} ({len(hyps)})")
         s["paired_bootstrap"] = paired_bootstrap(hyps, base, refs, cfg.bootstrap_samples)

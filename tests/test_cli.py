@@ -186,13 +186,11 @@ def test_the_commands_check_their_config_before_importing_torch():
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("module", ["nmt.translate", "nmt.evaluate", "nmt.serve"])
-def test_a_missing_checkpoint_is_refused_before_torch_is_imported(module, tmp_path):
-    """The decoding commands look for their files (checkpoint, ensemble, input, output folder) first: a typo
-    answers in one line without the seconds of importing torch and the model code."""
-    argv = [module, f"checkpoint={tmp_path}/nope.pt", f"input={tmp_path}/in.tsv"][: 2 if module == "nmt.serve" else 3]
+def refused_before_torch(module: str, argv: list[str], tmp_path: Path) -> str:
+    """Run ``python -m module argv`` in-process under runpy: it must exit 2 with one error line, torch never
+    imported; returns that line."""
     code = (
-        f"import sys, runpy; sys.argv = {argv!r}\n"
+        f"import sys, runpy; sys.argv = {[module, *argv]!r}\n"
         f"try:\n    runpy.run_module({module!r}, run_name='__main__')\n"
         "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)"
     )
@@ -200,7 +198,25 @@ def test_a_missing_checkpoint_is_refused_before_torch_is_imported(module, tmp_pa
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "2 False", proc.stdout + proc.stderr[-2000:]
     (line,) = error_lines(proc)
+    return line
+
+
+@pytest.mark.parametrize("module", ["nmt.translate", "nmt.evaluate", "nmt.serve"])
+def test_a_missing_checkpoint_is_refused_before_torch_is_imported(module, tmp_path):
+    """The decoding commands look for their files (checkpoint, ensemble, input, output folder) first: a typo
+    answers in one line without the seconds of importing torch and the model code."""
+    argv = [f"checkpoint={tmp_path}/nope.pt", f"input={tmp_path}/in.tsv"][: 1 if module == "nmt.serve" else 2]
+    line = refused_before_torch(module, argv, tmp_path)
     assert line.endswith(f"[{module}][ERROR] - {tmp_path}/nope.pt: checkpoint not found"), line
+
+
+def test_evaluate_refuses_a_missing_baseline_file_before_decoding(tmp_path):
+    """baseline=FILE (hypotheses to compare with) is looked for before anything is decoded, not after."""
+    (tmp_path / "best.pt").write_bytes(b"")
+    (tmp_path / "test.tsv").write_text("a\tb\n", encoding="utf-8")
+    argv = [f"checkpoint={tmp_path}/best.pt", f"input={tmp_path}/test.tsv", f"baseline={tmp_path}/base.txt"]
+    line = refused_before_torch("nmt.evaluate", argv, tmp_path)
+    assert line.endswith(f"[nmt.evaluate][ERROR] - {tmp_path}/base.txt: input file not found"), line
 
 
 def test_the_built_in_attention_choices_are_the_registrys():
