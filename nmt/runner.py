@@ -1,8 +1,8 @@
 """One training run, as ``python -m nmt.train`` starts it: a resolved config → data, tokenizer, model,
 trainer → a trained checkpoint, and what the run says when it ends (``finish``).
 
-Library code: the entry point ``nmt.train`` parses and checks the config first (a mistake answers in well
-under a second, before torch is imported) and then calls ``run``. Its log lines are the command's
+Library code: the entry point ``nmt.train`` parses and checks the config first (a mistake answers in about
+a second, before torch is imported) and then calls ``run``. Its log lines are the command's
 (``nmt.train``).
 """
 
