@@ -3,7 +3,8 @@ interrupt or a fault): average its newest checkpoints, store a vocabulary shortl
 checkpoint's decoding defaults.
 
 - ``averaged.pt`` (``trainer.average_last=N``): the parameter mean of the newest N ``step_N.pt``
-  checkpoints (Junczys-Dowmunt et al. 2016; Vaswani et al. 2017), through the one implementation
+  checkpoints (Junczys-Dowmunt et al. 2016; Vaswani et al. 2017; fewer when the run saved fewer, none when it
+  saved only one, which would be a copy of it), through the one implementation
   ``nmt.checkpoint.average``, written weights-only like ``best.pt`` and validated once, so the run's
   last lines can put its valid BLEU beside ``best.pt``'s.
 - ``decoding`` (``trainer.tune_decoding``): the beam size and GNMT length penalty (Wu et al. 2016)
@@ -147,10 +148,16 @@ class Finisher:
 
     def _average(self, scratch: Seq2Seq, validator: Validator, done: Finished, extra: dict) -> None:
         found = [str(p) for _, p in self.rundir.step_checkpoints()[-self.average_last :]]
+        if len(found) < 2:  # the mean of one checkpoint is that checkpoint: nothing to write, validate or tune
+            log.warning(
+                "trainer.average_last=%d: the run saved %s step_N.pt, so there is nothing to average; no %s",
+                self.average_last,
+                "only one" if found else "no",
+                self.rundir.averaged.name,
+            )
+            return
         if len(found) < self.average_last:
             log.warning("trainer.average_last=%d: the run has only %d step_N.pt", self.average_last, len(found))
-        if not found:
-            return
         averaged = checkpoint.average(found)
         done.averaged = self.rundir.write_checkpoint(self.rundir.averaged.name, {**averaged, **extra})
         done.averaged_from = found

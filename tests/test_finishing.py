@@ -258,3 +258,24 @@ def test_recommended_checkpoint_is_the_better_one_on_valid(tmp_path):
     done.decoding = {best: {"bleu": 22.0}, avg: {"bleu": 22.5}}
     assert done.recommended(best, 21.0) == avg  # with tuned decoding, its BLEU decides
     assert Finished().recommended(best, 1.0) == best
+
+
+def test_a_run_with_one_step_checkpoint_writes_no_averaged_pt(tmp_path, caplog):
+    """An average of one checkpoint is a copy of it: not written, validated or tuned (a short run's finishing
+    spent a minute tuning such a copy)."""
+    from nmt.finishing import Finisher
+
+    rundir = RunDir(tmp_path)
+    model = torch.nn.Linear(2, 2)
+    cfg = {"encoder": {}, "attention": {}, "decoder": {}}  # the parts checkpoint.average compares
+    rundir.write_checkpoint("step_10.pt", {"model": model.state_dict(), "step": 10, "tokenizer": {}, "config": cfg})
+    validator = SimpleNamespace(bleu=lambda *a, **k: pytest.fail("nothing should be validated"), sentences=4)
+    with caplog.at_level(logging.WARNING, logger="nmt.finishing"):
+        done = Finisher(rundir, average_last=3)(model, validator, Progress(step=10, best_bleu=1.0))
+    assert done.averaged is None and not rundir.averaged.exists() and done.decoding == {}
+    assert "the run saved only one step_N.pt, so there is nothing to average; no averaged.pt" in caplog.text
+    rundir.write_checkpoint("step_20.pt", {"model": model.state_dict(), "step": 20, "tokenizer": {}, "config": cfg})
+    validator.bleu = lambda *a, **k: 3.0
+    done = Finisher(rundir, average_last=3)(model, validator, Progress(step=20, best_bleu=1.0))
+    assert done.averaged == rundir.averaged and done.averaged_bleu == 3.0  # two are averaged
+    assert "trainer.average_last=3: the run has only 2 step_N.pt" in caplog.text
