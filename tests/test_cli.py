@@ -219,6 +219,23 @@ def test_evaluate_refuses_a_missing_baseline_file_before_decoding(tmp_path):
     assert line.endswith(f"[nmt.evaluate][ERROR] - {tmp_path}/base.txt: input file not found"), line
 
 
+@pytest.mark.parametrize(
+    ("line", "found"),
+    [
+        ("c\n", "expected 2 tab-separated columns (source<TAB>target), found 1"),
+        ("c\t\n", "empty target side"),
+    ],
+)
+def test_evaluate_refuses_a_malformed_test_line_instead_of_scoring_fewer_sentences(line, found, tmp_path):
+    """Training skips a malformed corpus line with a warning; evaluation scores every line (and hypotheses=
+    writes one per line), so one line fewer would be a score over another test set: refused, file:line named."""
+    (tmp_path / "best.pt").write_bytes(b"")
+    (tmp_path / "test.tsv").write_text("a\tb\n" + line, encoding="utf-8")
+    argv = [f"checkpoint={tmp_path}/best.pt", f"input={tmp_path}/test.tsv"]
+    err = refused_before_torch("nmt.evaluate", argv, tmp_path)
+    assert err.endswith(f"[ERROR] - {tmp_path}/test.tsv:2: {found} (nmt.evaluate scores every line of its input)"), err
+
+
 def test_the_built_in_attention_choices_are_the_registrys():
     """nmt.config lists the shipped attentions so that checking a config imports no torch; they must be the
     registry's, with the same scores for local attention (parallel, not local themselves)."""

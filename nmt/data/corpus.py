@@ -72,11 +72,12 @@ def check_line(raw: bytes) -> tuple[str, str] | Malformed:
     return src, tgt
 
 
-def read_tsv(path: str, strict: bool = False) -> Iterator[dict]:
+def read_tsv(path: str, strict: bool = False, why_strict: str = "data.strict=true") -> Iterator[dict]:
     """Yield ``{"src", "tgt"}`` from a TSV file, reporting malformed lines by file:line.
 
     Bad lines are skipped, logged (the first few verbatim) and summarised at the end
-    of the pass; ``strict`` turns the first one into a ``CorpusError``.
+    of the pass; ``strict`` turns the first one into a ``CorpusError`` that ends with
+    ``(why_strict)``.
     """
     p = Path(path)
     if not p.is_file():
@@ -90,7 +91,7 @@ def read_tsv(path: str, strict: bool = False) -> Iterator[dict]:
             if isinstance(parsed, Malformed):
                 msg = f"{path}:{lineno}: {parsed.detail}"
                 if strict:
-                    raise CorpusError(msg + " (data.strict=true)")
+                    raise CorpusError(f"{msg} ({why_strict})")
                 problems[parsed.kind] += 1
                 if not quiet and sum(problems.values()) <= MAX_REPORTED:
                     log.warning("skipping malformed line %s", msg)
@@ -138,10 +139,13 @@ def stream_pairs(spec: CorpusSpec) -> datasets.IterableDataset:
     return datasets.IterableDataset.from_generator(read_tsv, gen_kwargs={"path": spec.path, "strict": spec.strict})
 
 
-def load_pairs(spec: CorpusSpec, limit: int = 0) -> list[tuple[str, str]]:
-    """Read a small split (valid/test) into memory, at most ``limit`` pairs (0 = all)."""
+def load_pairs(spec: CorpusSpec, limit: int = 0, why_strict: str = "data.strict=true") -> list[tuple[str, str]]:
+    """Read a small split (valid/test) into memory, at most ``limit`` pairs (0 = all); a TSV file directly
+    (``read_tsv``: no ``datasets`` import for a list in memory), a Hub split through ``stream_pairs``.
+    ``why_strict``: what a malformed line's error names as the reason (with ``spec.strict``)."""
     pairs = []
-    for row in stream_pairs(spec):
+    rows = stream_pairs(spec) if spec.hub_path is not None else read_tsv(spec.path, spec.strict, why_strict)
+    for row in rows:
         pairs.append((row["src"], row["tgt"]))
         if limit and len(pairs) >= limit:
             break
