@@ -29,6 +29,8 @@ def newest(run_dir: str, n: int) -> list[str]:
     found = RunDir(run_dir).step_checkpoints()
     if not found:
         raise ConfigError(f"{run_dir}/checkpoints has no step_N.pt files (trainer.keep_last keeps them)")
+    if len(found) < n:
+        log.warning("last=%d: %s/checkpoints has only %d step_N.pt; averaging those", n, run_dir, len(found))
     return [str(p) for _, p in found[-n:]]
 
 
@@ -41,7 +43,9 @@ def main(cfg: DictConfig) -> None:
     torch.set_grad_enabled(False)
     paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])
     checkpoint.save(cfg.output, checkpoint.average(paths))  # atomic, as every checkpoint
-    log.info("averaged %d checkpoints into %s: %s", len(paths), cfg.output, ", ".join(paths))
+    if len(paths) == 1:
+        log.warning("one checkpoint: %s holds its weights unchanged (an average needs two or more)", cfg.output)
+    log.info("averaged %d checkpoint(s) into %s: %s", len(paths), cfg.output, ", ".join(paths))
 
 
 if __name__ == "__main__":

@@ -105,7 +105,9 @@ def collect(sweep: Path) -> tuple[list[Job], list[tuple[Path, str]]]:
             continue
         cfg = OmegaConf.load(cfg_file)
         keys = flatten(OmegaConf.to_container(cfg, resolve=False))
-        jobs.append(Job(folder, str(folder.relative_to(sweep)), cfg, validations, keys))
+        # A sweep's job by its folder below the sweep; a single run given as the folder itself by its own name.
+        name = str(folder.relative_to(sweep)) if folder != sweep else folder.resolve().name
+        jobs.append(Job(folder, name, cfg, validations, keys))
     return jobs, skipped
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
+from pathlib import Path
 
 import torch
 
@@ -195,3 +197,18 @@ def test_average_ensemble_and_bootstrap_clis(trained, tmp_path, sample_dir):
         pb = json.loads(js.read_text())["paired_bootstrap"]
         assert pb["significant_at_0.05"] == significant and "paired bootstrap" in proc.stdout
     assert pb["baseline_bleu"] == 100.0 and pb["p_value"] < 0.05
+
+
+def test_average_says_when_a_run_has_fewer_checkpoints_than_asked(tmp_path, caplog):
+    """``nmt.average run_dir=DIR last=5`` on a run that kept two step_N.pt averages those two and says so."""
+    from nmt.average import newest
+
+    (tmp_path / "checkpoints").mkdir()
+    for step in (10, 2):
+        (tmp_path / "checkpoints" / f"step_{step}.pt").write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="nmt.average"):
+        paths = newest(str(tmp_path), 5)
+    assert [Path(p).name for p in paths] == ["step_2.pt", "step_10.pt"]
+    assert f"last=5: {tmp_path}/checkpoints has only 2 step_N.pt; averaging those" in caplog.text
+    caplog.clear()
+    assert len(newest(str(tmp_path), 1)) == 1 and caplog.text == ""

@@ -151,3 +151,19 @@ def test_every_zoo_job_composes_validates_and_runs_forward():
                 assert cfg.decoder.order == order and cfg.decoder.input_feeding and cfg.trainer.patience == 0
                 logits = model_from_config(cfg, 300, 300, torch.device("cpu"))(src, src_len, tgt)[0]
                 assert logits.shape == (2, 6, 300) and torch.isfinite(logits).all()
+
+
+def test_a_single_run_given_as_the_folder_is_named_by_that_folder(tmp_path):
+    """``nmt.report runs/x`` on one run (not a sweep) named its job '.' ("decoding 200 valid sentences with .")."""
+    from nmt.rundir import RunDir
+    from nmt.sweep import collect
+
+    run = RunDir(tmp_path / "runs" / "x")
+    (run.root / ".hydra").mkdir(parents=True)
+    (run.root / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    run.metrics.write_text(json.dumps({"step": 10, "bleu": 1.0}) + "\n")
+    run.best.parent.mkdir()
+    run.best.write_bytes(b"")
+    for where in (run.root, tmp_path / "runs"):
+        jobs, skipped = collect(where)
+        assert [j.name for j in jobs] == ["x"] and skipped == []
