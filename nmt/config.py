@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -392,16 +393,20 @@ def bad_choice(key: str, value: Any) -> str | None:
     return f"{key}={value!r} is unknown; choose one of {', '.join(allowed(key))}"
 
 
-def _device_problems(cfg: Any) -> list[str]:
-    if "device" not in cfg or cfg.device == "auto":
-        return []
-    import torch
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
-    try:
-        torch.device(cfg.device)
-    except RuntimeError:
-        return [f"device={cfg.device!r} is not a device; choose auto, cpu, cuda or cuda:N"]
-    return []
+
+def device_problem(name: Any) -> str | None:
+    """Why ``device=name`` is refused, or None. nmt runs on the CPU and on CUDA only (autocast, DDP/NCCL, cuDNN
+    are its GPU path): ``mps`` or ``xpu`` would fail mid-run, so they are refused here, without importing torch."""
+    if _DEVICE.fullmatch(str(name)):
+        return None
+    return f"device={name!r} is not a device nmt runs on; choose auto, cpu, cuda or cuda:N"
+
+
+def _device_problems(cfg: Any) -> list[str]:
+    problem = device_problem(cfg.device) if "device" in cfg else None
+    return [problem] if problem else []
 
 
 # The numeric trainer keys and the values that mean something: (keys, test, what the message says is expected).

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from nmt import checkpoint
+from nmt.config import device_problem
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError
 from nmt.models import quant
@@ -30,12 +31,12 @@ DEFAULT_SEARCH = SearchOptions()  # beam 5, length penalty 1.0: what a checkpoin
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` (CUDA when present), ``cpu``, ``cuda``, ``cuda:N`` → a device, or a one-line error."""
+    problem = device_problem(name)
+    if problem:
+        raise ConfigError(problem)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError as e:
-        raise ConfigError(f"device={name!r} is not a device; choose auto, cpu, cuda or cuda:N") from e
+    dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={name}: CUDA is not available on this machine; use device=cpu or auto")
     return dev

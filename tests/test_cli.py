@@ -220,6 +220,28 @@ def test_evaluate_refuses_a_missing_baseline_file_before_decoding(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        ("nmt.train", ["device=mps"]),
+        ("nmt.train", ["device=cuda:x"]),
+        ("nmt.translate", ["checkpoint=best.pt", "device=mps"]),
+        # a preset that names its device (cpu_small: device=cpu) checks it without torch too
+        ("nmt.train", ["experiment=cpu_small", "trainer.patience=-1"]),
+    ],
+)
+def test_devices_are_checked_without_torch_and_only_cpu_and_cuda_are_accepted(module, argv, tmp_path):
+    """nmt runs on CPU and CUDA; device=mps was accepted, then failed with a traceback when the model moved
+    there. Checking the key imported torch (seconds) whenever a device was named."""
+    (tmp_path / "best.pt").write_bytes(b"")
+    line = refused_before_torch(module, argv, tmp_path)
+    if "trainer.patience=-1" in argv:
+        assert "trainer.patience=-1" in line, line
+    else:
+        device = argv[-1].split("=")[1]
+        assert line.endswith(f"device='{device}' is not a device nmt runs on; choose auto, cpu, cuda or cuda:N"), line
+
+
+@pytest.mark.parametrize(
     ("line", "found"),
     [
         ("c\n", "expected 2 tab-separated columns (source<TAB>target), found 1"),
