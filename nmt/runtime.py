@@ -39,6 +39,8 @@ def resolve_device(name: str) -> torch.device:
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={name}: CUDA is not available on this machine; use device=cpu or auto")
+    if dev.index is not None and dev.index >= (count := torch.cuda.device_count()):
+        raise ConfigError(f"device={name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
     return dev
 
 

@@ -435,3 +435,16 @@ def test_auto_precision_times_real_steps_on_the_gpu():
     assert torch.equal(torch.rand(3, device=CUDA), expected)
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_cuda_device_index_beyond_the_machines_is_refused_in_one_line(monkeypatch):
+    """device=cuda:2 on a 2-GPU machine: one line naming the devices there are, not a CUDA error mid-run.
+    (The device count is patched: this test needs no GPU.)"""
+    from nmt.errors import ConfigError
+    from nmt.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1) and resolve_device("cuda").index is None
+    with pytest.raises(ConfigError, match=r"^device=cuda:2: this machine has 2 CUDA device\(s\), cuda:0 to cuda:1$"):
+        resolve_device("cuda:2")
