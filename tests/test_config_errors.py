@@ -102,3 +102,20 @@ def test_the_edges_that_mean_off_are_accepted():
     zeros = ["max_steps", "max_minutes", "patience", "keep_last", "clip_grad", "checkpoint_minutes", "label_smoothing"]
     preflight(COMMANDS["train"], [f"trainer.{k}=0" for k in zeros] + ["trainer.teacher_forcing=1"])
     preflight(COMMANDS["train"], ["data.shuffle_buffer=0", "data.valid_max_sentences=0", "attention.dim=0"])
+
+
+def test_a_corpus_folder_needs_train_and_valid_but_not_test(tmp_path):
+    """Training reads train.tsv and valid.tsv only; a user's folder without a test split trains (test.tsv is
+    for nmt.evaluate). A missing valid.tsv is named."""
+    from omegaconf import OmegaConf
+
+    from nmt.config import DataConfig
+    from nmt.data import prepare_corpus
+    from nmt.errors import NmtError
+
+    data = OmegaConf.structured(DataConfig(dir=str(tmp_path)))
+    (tmp_path / "train.tsv").write_text("a\tb\n", encoding="utf-8")
+    with pytest.raises(NmtError, match=r"valid\.tsv: corpus file not found .*must hold train\.tsv and valid\.tsv"):
+        prepare_corpus(data)
+    (tmp_path / "valid.tsv").write_text("a\tb\n", encoding="utf-8")
+    prepare_corpus(data)  # no test.tsv: fine

@@ -17,19 +17,20 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_DIR = Path("data/spa-eng")  # the one folder that is filled with the default corpus on first use
-SPLIT_FILES = "train.tsv, valid.tsv and test.tsv (source<TAB>target, UTF-8, one pair per line)"
+SPLIT_FILES = "train.tsv and valid.tsv (source<TAB>target, UTF-8, one pair per line)"
+TRAINING_SPLITS = ("train", "valid")  # what a run reads; test.tsv is for nmt.evaluate, never read in training
 
 
 def prepare_corpus(data: Any) -> None:
-    """Make sure the local TSV splits exist. Only the default ``data.dir`` (data/spa-eng) is ever
-    filled (with the default corpus, when ``data.fetch``); any other folder must already hold the
-    files, and nothing is created at a path that may be a typo."""
-    from nmt.data.fetch import SPLITS, corpus_ready, ensure_spa_eng  # lazy: keeps `-m nmt.data.fetch` clean
+    """Make sure the local TSV splits a run reads (train, valid) exist. Only the default ``data.dir``
+    (data/spa-eng) is ever filled (with the default corpus and its test split, when ``data.fetch``); any
+    other folder must already hold the files, and nothing is created at a path that may be a typo."""
+    from nmt.data.fetch import corpus_ready, ensure_spa_eng  # lazy: keeps `-m nmt.data.fetch` clean
 
     if data.source != "tsv":
         return
     d = Path(data.dir)
-    files = [d / getattr(data, s) for s in SPLITS]
+    files = [d / getattr(data, s) for s in TRAINING_SPLITS]
     if all(f.is_file() for f in files):
         return
     default = d.resolve() == DEFAULT_DIR.resolve()
