@@ -46,6 +46,13 @@ def test_malformed_lines_are_reported_and_skipped(tmp_path, caplog):
     assert "skipped 6 malformed lines of 8" in text
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_source(tmp_path):
+    """A "UTF-8 with BOM" export (Excel, Notepad) gives the same pairs as plain UTF-8."""
+    plain = list(read_tsv(write(tmp_path / "plain.tsv", (GOOD + "Bye.\tAdiós.\n").encode())))
+    marked = list(read_tsv(write(tmp_path / "bom.tsv", b"\xef\xbb\xbf" + (GOOD + "Bye.\tAdiós.\n").encode())))
+    assert marked == plain and marked[0]["src"] == "Hello."
+
+
 def test_strict_makes_the_first_bad_line_fatal(tmp_path):
     path = write(tmp_path / "c.tsv", (GOOD + "no tab here\n").encode())
     with pytest.raises(CorpusError, match=r"c\.tsv:2: expected 2 tab-separated columns"):

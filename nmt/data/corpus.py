@@ -10,6 +10,7 @@ would not match the file, and one undecodable byte would end the stream.
 
 from __future__ import annotations
 
+import codecs
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -87,6 +88,8 @@ def read_tsv(path: str, strict: bool = False, why_strict: str = "data.strict=tru
     quiet = str(p.resolve()) in _REPORTED
     with p.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # a "UTF-8 with BOM" export (Excel, Notepad)
+                raw = raw[len(codecs.BOM_UTF8) :]
             parsed = check_line(raw)
             if isinstance(parsed, Malformed):
                 msg = f"{path}:{lineno}: {parsed.detail}"
