@@ -147,7 +147,8 @@ class TrainerConfig:
     teacher_forcing: float = 1.0
     # auto | bf16 | fp16 | none. CUDA: autocast in bf16/fp16. CPU: bf16 applies to the big matrix products
     # only (vocabulary projection, the RNN step loops' GEMMs). auto times a few steps of the model both ways
-    # at startup (cached per CPU or GPU model in amp_cache) and keeps the faster; bf16 forces.
+    # at startup (on a CPU where bf16 is already clearly slower for the vocabulary projection alone, only that;
+    # cached per CPU or GPU model in amp_cache) and keeps the faster; bf16 forces.
     amp: str = "auto"
     # Where trainer.amp=auto keeps its per-CPU/GPU measurements, and the CPU step loops their measured
     # kernel choices (tanh formula, packed products), so every run on a machine computes alike (null: measure
