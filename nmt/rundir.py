@@ -195,3 +195,75 @@ def disk_usage(path: str | Path) -> int:
         seen.add((st.st_dev, st.st_ino))
         total += st.st_blocks * 512
     return total
+
+
+# ---- resuming: what a resume may change, and which run trainer.resume=true without hydra.run.dir means ----
+
+# Keys that may change between an interrupted run and its resumption without being named in
+# trainer.allow_changes: limits, where it runs, how it logs, and implementation choices that do not
+# change the maths (trainer.amp: the weights and optimiser state are float32 under every precision, and
+# auto may choose differently on another CPU). Entries ending in "." are prefixes.
+RESUME_MAY_CHANGE = (
+    "model.rnn_impl",
+    "trainer.amp",
+    "trainer.amp_cache",
+    "trainer.allocator",
+    "trainer.resume",
+    "trainer.allow_changes",
+    "trainer.max_steps",
+    "trainer.max_minutes",
+    "trainer.max_epochs",
+    "trainer.patience",
+    "trainer.log_every",
+    "trainer.log_seconds",
+    "trainer.plot_attention",
+    "trainer.checkpoint_minutes",
+    "trainer.threads",
+    "trainer.average_last",  # these four act only once training has ended
+    "trainer.tune_decoding",
+    "trainer.tune_beam_sizes",
+    "trainer.tune_length_penalties",
+    "trainer.shortlist",  # and these three
+    "trainer.shortlist_frequent",
+    "trainer.shortlist_per_source",
+    "device",
+    "data.dir",
+    "data.num_workers",
+    "tokenizer.cache_dir",
+    "wandb.",
+)
+
+
+def may_change(key: str, allowed: tuple[str, ...]) -> bool:
+    return any(key == x or (x.endswith(".") and key.startswith(x)) for x in allowed)
+
+
+def command_key(overrides: list[str]) -> list[str]:
+    """What identifies a run's command: its overrides, less Hydra's own and those a resume may change."""
+    keep = []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if not key.startswith("hydra.") and not may_change(key, RESUME_MAY_CHANGE):
+            keep.append(o)
+    return sorted(keep)
+
+
+def run_to_resume(overrides: list[str], base: Path, fresh: Path) -> RunDir:
+    """The newest resumable run under ``base`` (e.g. ``outputs/``) started with the same command
+    (overrides, less limits/device/logging), for ``trainer.resume=true`` without ``hydra.run.dir``.
+    ``fresh`` is the folder Hydra just made for this invocation. Otherwise a ConfigError listing them."""
+    mine = command_key(overrides)
+    runs = [r for r in discover_runs(base) if r.root.resolve() != fresh.resolve()]
+    for r in runs:
+        if command_key(r.overrides()) == mine:
+            return r
+    if not runs:
+        raise ConfigError(
+            f"trainer.resume=true: no run under {base}/ has a checkpoint to resume; "
+            "give hydra.run.dir=RUN_DIR of the run to continue"
+        )
+    listed = "; ".join(f"{r.root} ({' '.join(r.overrides()) or 'no overrides'})" for r in runs[:10])
+    raise ConfigError(
+        f"trainer.resume=true: no run under {base}/ was started with these overrides ({' '.join(mine) or 'none'}); "
+        f"resumable runs, newest first: {listed}. Give hydra.run.dir=ONE_OF_THEM (and its overrides)"
+    )

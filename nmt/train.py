@@ -26,7 +26,7 @@ from nmt.cli import command
 from nmt.config import register_configs
 from nmt.data import prepare_corpus
 from nmt.errors import NmtError
-from nmt.rundir import RunDir
+from nmt.rundir import RunDir, run_to_resume
 
 # Startup: only the launcher is imported up front, so `--help` and a config mistake answer in about a
 # second; the training code (nmt.runner: torch, the models, the data) comes in once the config is checked.
@@ -75,24 +75,18 @@ def main(cfg: DictConfig) -> float:
         run_dir = Path(hc.runtime.output_dir)
         overrides = list(hc.overrides.task)
         given = any(o.split("=", 1)[0] == "hydra.run.dir" for o in hc.overrides.hydra)
-        if "RANK" not in os.environ:  # one process: the corpus is found (or fetched) before torch is loaded
-            prepare_corpus(cfg.data)  # (torchrun's ranks do it in run(), rank 0 first)
-        from nmt.runner import run
-        from nmt.training import run_to_resume
-
+        # Which run to continue is found first: a resume with nothing to resume must not fetch the corpus.
         if cfg.trainer.resume and not given and hc.mode.name == "RUN" and "RANK" not in os.environ:
-            try:
-                chosen = run_to_resume(overrides, Path(hc.run.dir).parent.parent, run_dir)
-            except NmtError as e:
-                detach_file_log()  # the error goes to the console only: this invocation's folder is dropped
-                drop_if_unused(run_dir)
-                log.error("%s", e)
-                sys.exit(2)
+            chosen = run_to_resume(overrides, Path(hc.run.dir).parent.parent, run_dir)  # else: the error below
             log.info(
                 "trainer.resume=true without hydra.run.dir: continuing the newest run of this command, %s", chosen.root
             )
             adopt(run_dir, chosen)
             run_dir = chosen.root
+        if "RANK" not in os.environ:  # one process: the corpus is found (or fetched) before torch is loaded
+            prepare_corpus(cfg.data)  # (torchrun's ranks do it in run(), rank 0 first)
+        from nmt.runner import run
+
         result = run(cfg, run_dir, overrides)
     except NmtError as e:
         if unused(run_dir):  # a mistake found before any work: the error, and no empty run folder left behind

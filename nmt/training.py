@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import logging
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ from nmt.finishing import DecodingGrid, Finisher
 from nmt.logger import RunLogger
 from nmt.models.rnn import describe_tanh, kernel_choices
 from nmt.models.seq2seq import Seq2Seq
-from nmt.rundir import RunDir, discover_runs
+from nmt.rundir import RESUME_MAY_CHANGE, RunDir, may_change
 from nmt.schedules import BudgetDecay
 from nmt.search import SearchOptions
 from nmt.shortlist import Shortlist
@@ -222,40 +221,6 @@ def build_shortlist(t: Any, train: CorpusSpec, tokenizer: Tokenizer) -> Shortlis
 
 # ---- resuming ----
 
-# Keys that may change between an interrupted run and its resumption without being named in
-# trainer.allow_changes: limits, where it runs, how it logs, and implementation choices that do not
-# change the maths (trainer.amp: the weights and optimiser state are float32 under every precision, and
-# auto may choose differently on another CPU). Entries ending in "." are prefixes.
-RESUME_MAY_CHANGE = (
-    "model.rnn_impl",
-    "trainer.amp",
-    "trainer.amp_cache",
-    "trainer.allocator",
-    "trainer.resume",
-    "trainer.allow_changes",
-    "trainer.max_steps",
-    "trainer.max_minutes",
-    "trainer.max_epochs",
-    "trainer.patience",
-    "trainer.log_every",
-    "trainer.log_seconds",
-    "trainer.plot_attention",
-    "trainer.checkpoint_minutes",
-    "trainer.threads",
-    "trainer.average_last",  # these four act only once training has ended
-    "trainer.tune_decoding",
-    "trainer.tune_beam_sizes",
-    "trainer.tune_length_penalties",
-    "trainer.shortlist",  # and these three
-    "trainer.shortlist_frequent",
-    "trainer.shortlist_per_source",
-    "device",
-    "data.dir",
-    "data.num_workers",
-    "tokenizer.cache_dir",
-    "wandb.",
-)
-
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -265,10 +230,6 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def _may_change(key: str, allowed: tuple[str, ...]) -> bool:
-    return any(key == x or (x.endswith(".") and key.startswith(x)) for x in allowed)
 
 
 def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[str]:
@@ -281,36 +242,5 @@ def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[str]:
     return [
         f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
         for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k) and not _may_change(k, ok)
+        if a.get(k) != b.get(k) and not may_change(k, ok)
     ]
-
-
-def command_key(overrides: list[str]) -> list[str]:
-    """What identifies a run's command: its overrides, less Hydra's own and those a resume may change."""
-    keep = []
-    for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
-        if not key.startswith("hydra.") and not _may_change(key, RESUME_MAY_CHANGE):
-            keep.append(o)
-    return sorted(keep)
-
-
-def run_to_resume(overrides: list[str], base: Path, fresh: Path) -> RunDir:
-    """The newest resumable run under ``base`` (e.g. ``outputs/``) started with the same command
-    (overrides, less limits/device/logging), for ``trainer.resume=true`` without ``hydra.run.dir``.
-    ``fresh`` is the folder Hydra just made for this invocation. Otherwise a ConfigError listing them."""
-    mine = command_key(overrides)
-    runs = [r for r in discover_runs(base) if r.root.resolve() != fresh.resolve()]
-    for r in runs:
-        if command_key(r.overrides()) == mine:
-            return r
-    if not runs:
-        raise ConfigError(
-            f"trainer.resume=true: no run under {base}/ has a checkpoint to resume; "
-            "give hydra.run.dir=RUN_DIR of the run to continue"
-        )
-    listed = "; ".join(f"{r.root} ({' '.join(r.overrides()) or 'no overrides'})" for r in runs[:10])
-    raise ConfigError(
-        f"trainer.resume=true: no run under {base}/ was started with these overrides ({' '.join(mine) or 'none'}); "
-        f"resumable runs, newest first: {listed}. Give hydra.run.dir=ONE_OF_THEM (and its overrides)"
-    )

@@ -219,6 +219,14 @@ def test_evaluate_refuses_a_missing_baseline_file_before_decoding(tmp_path):
     assert line.endswith(f"[nmt.evaluate][ERROR] - {tmp_path}/base.txt: input file not found"), line
 
 
+def test_a_resume_with_nothing_to_resume_fetches_no_corpus(tmp_path):
+    """``nmt.train trainer.resume=true`` in a folder without runs: the one line, before the default corpus is
+    fetched into data/ (it was copied first, then the resume refused) and before torch is imported."""
+    line = refused_before_torch("nmt.train", ["trainer.resume=true"], tmp_path)
+    assert "trainer.resume=true: no run under outputs/ has a checkpoint to resume; give hydra.run.dir" in line, line
+    assert not (tmp_path / "data").exists() and not (tmp_path / "outputs").exists()
+
+
 @pytest.mark.parametrize(
     ("module", "argv"),
     [
