@@ -1,5 +1,7 @@
-"""Everything about a run directory: where its files live, which checkpoint to resume from, and how a
-file is written so that a kill at any moment leaves the previous version whole.
+"""Everything about a run directory: where its files live, which run (``run_to_resume``) and which
+checkpoint to resume from, what a resume may change (``RESUME_MAY_CHANGE``), and how a file is written so
+that a kill at any moment leaves the previous version whole. No torch here: ``nmt.train`` finds the run
+to resume before it imports the training code.
 
 One module for this, as fairseq keeps everything about checkpoint files in ``checkpoint_utils``: the
 trainer, resume discovery, ``nmt.average`` and the reports ask a ``RunDir`` instead of globbing
