@@ -604,11 +604,22 @@ def _average_problems(cfg: Any) -> list[str]:
     return problems
 
 
+def _serve_problems(cfg: Any) -> list[str]:
+    problems = _decode_problems(cfg)
+    if not 0 <= cfg.port <= 65535:  # the socket layer would take it modulo 65536: port=80000 served on 14464
+        problems.append(f"port={cfg.port}: expected a TCP port, 0 to 65535 (0 = a free one)")
+    if cfg.http_threads < 1:
+        problems.append(f"http_threads={cfg.http_threads}: the server needs at least 1 worker thread")
+    if cfg.max_chars < 1:
+        problems.append(f"max_chars={cfg.max_chars}: expected an integer >= 1 (the longest request text)")
+    return problems
+
+
 _COMMAND_PROBLEMS = {
     "train": _train_problems,
     "translate": _decode_problems,
     "evaluate": _decode_problems,
-    "serve": _decode_problems,
+    "serve": _serve_problems,
     "average": _average_problems,
 }
 

@@ -166,25 +166,37 @@ def make_server(app: Flask, host: str, port: int, threads: int):
         return create_server(app, host=host, port=port, threads=threads, ident="nmt")
     except OSError as e:  # the port is taken, or the host is not an address of this machine
         raise ConfigError(f"cannot listen on host={host} port={port}: {e.strerror or e}") from None
+    except ValueError as e:  # waitress: a host name that does not resolve ("Invalid host/port specified.")
+        raise ConfigError(f"cannot listen on host={host} port={port}: {e} (not an address of this machine?)") from None
+
+
+class LateApp:
+    """The WSGI application a server is bound with before its model is loaded: ``app`` is set once it is, and
+    requests are served (``server.run()``) only after that, so nothing ever reaches it unset."""
+
+    app: Any = None
+
+    def __call__(self, environ: dict, start_response: Any) -> Any:
+        return self.app(environ, start_response)
 
 
 @command("serve")
 def main(cfg: DictConfig) -> None:
-    if cfg.http_threads < 1:  # checked before the model is loaded
-        raise ConfigError(f"http_threads={cfg.http_threads}: the server needs at least 1 worker thread")
     check_paths([cfg.checkpoint, *cfg.ensemble])
-    from nmt.runtime import load_translator
-
-    app = create_app(load_translator(cfg), cfg.max_chars)
-    server = make_server(app, cfg.host, cfg.port, cfg.http_threads)
-    log.info(
-        "serving %s on http://%s:%s/ with %d threads (waitress)",
-        cfg.checkpoint,
-        cfg.host,
-        server.effective_port,
-        cfg.http_threads,
-    )
+    # Bound before the model loads: a taken port or a host that is not this machine's answers in a second.
+    late = LateApp()
+    server = make_server(late, cfg.host, cfg.port, cfg.http_threads)
     try:
+        from nmt.runtime import load_translator
+
+        late.app = create_app(load_translator(cfg), cfg.max_chars)
+        log.info(
+            "serving %s on http://%s:%s/ with %d threads (waitress)",
+            cfg.checkpoint,
+            cfg.host,
+            server.effective_port,
+            cfg.http_threads,
+        )
         server.run()
     except KeyboardInterrupt:
         log.info("stopped")

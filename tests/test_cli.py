@@ -3,6 +3,7 @@ mistake is one line, and each command's --help says what it does and what it rea
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -217,6 +218,24 @@ def test_evaluate_refuses_a_missing_baseline_file_before_decoding(tmp_path):
     argv = [f"checkpoint={tmp_path}/best.pt", f"input={tmp_path}/test.tsv", f"baseline={tmp_path}/base.txt"]
     line = refused_before_torch("nmt.evaluate", argv, tmp_path)
     assert line.endswith(f"[nmt.evaluate][ERROR] - {tmp_path}/base.txt: input file not found"), line
+
+
+@pytest.mark.parametrize("case", ["port out of range", "port taken", "host not resolvable"])
+def test_serve_refuses_a_bad_address_before_loading_the_model(case, tmp_path):
+    """port=80000 was served on 14464 (the socket layer takes it modulo 65536), a host name that does not
+    resolve ended in a traceback, and a taken port was found only after the model had loaded."""
+    (tmp_path / "best.pt").write_bytes(b"")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv, says = {
+            "port out of range": (["port=80000"], "port=80000: expected a TCP port, 0 to 65535 (0 = a free one)"),
+            "port taken": ([f"port={port}"], f"cannot listen on host=127.0.0.1 port={port}: Address already in use"),
+            "host not resolvable": (["host=nowhere.invalid", "port=0"], "cannot listen on host=nowhere.invalid port=0"),
+        }[case]
+        line = refused_before_torch("nmt.serve", [f"checkpoint={tmp_path}/best.pt", *argv], tmp_path)
+    assert says in line, line
 
 
 def test_a_resume_with_nothing_to_resume_fetches_no_corpus(tmp_path):
