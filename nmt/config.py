@@ -422,6 +422,7 @@ _TRAINER_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...
         "an integer >= 0",
     ),
     (("patience",), lambda v: v >= 0, "an integer >= 0 (0 = never stop early)"),
+    (("threads",), lambda v: v >= 0, "an integer >= 0 (0 = torch's default)"),
     (("average_last",), lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     (("accum_steps", "log_every", "val_beam_size"), lambda v: v >= 1, "an integer >= 1"),
     (("weight_decay", "min_lr", "log_seconds"), lambda v: v >= 0, "a number >= 0"),
@@ -592,7 +593,25 @@ def _decode_problems(cfg: Any) -> list[str]:
         problems.append(f"n_best={cfg.n_best} needs 1 <= n_best <= beam_size (got beam_size={cfg.beam_size})")
     if cfg.get("batch_size", 1) < 1:
         problems.append(f"batch_size={cfg.batch_size}: expected an integer >= 1")
+    for key, ok, expected in _DECODE_RANGES:  # the search's numbers: nonsense otherwise, or a traceback (threads)
+        if not ok(cfg[key]):
+            problems.append(f"{key}={cfg[key]}: expected {expected}")
+    if cfg.min_len_ratio > cfg.max_len_ratio:
+        problems.append(
+            f"min_len_ratio={cfg.min_len_ratio} > max_len_ratio={cfg.max_len_ratio}: a long line's shortest "
+            "allowed output would be longer than its longest"
+        )
     return problems
+
+
+_DECODE_RANGES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
+    ("threads", lambda v: v >= 0, "an integer >= 0 (0 = torch's default)"),
+    ("max_input_len", lambda v: v >= 1, "an integer >= 1"),
+    ("no_repeat_ngram", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+    ("coverage_penalty", lambda v: v >= 0, "GNMT beta >= 0 (0 = off)"),
+    ("max_len_ratio", lambda v: v >= 0, "a number >= 0"),
+    ("min_len_ratio", lambda v: v >= 0, "a number >= 0"),
+)
 
 
 def _average_problems(cfg: Any) -> list[str]:

@@ -85,6 +85,7 @@ def test_missing_corpus_says_what_to_run(tmp_path):
         ("tokenizer.vocab_size=-8000", "tokenizer.vocab_size=-8000: expected an integer >= 1"),
         ("tokenizer.character_coverage=1.5", "tokenizer.character_coverage=1.5: expected a share in (0, 1]"),
         ("attention.dim=-1", "attention.dim=-1: expected an integer >= 0"),
+        ("trainer.threads=-1", "trainer.threads=-1: expected an integer >= 0 (0 = torch's default)"),
     ],
 )
 def test_numeric_keys_out_of_range_are_refused(override, expect):
@@ -93,6 +94,27 @@ def test_numeric_keys_out_of_range_are_refused(override, expect):
 
     with pytest.raises(Stop) as e:
         preflight(COMMANDS["train"], [override])
+    assert len(e.value.lines) == 1 and e.value.lines[0].startswith(expect), e.value.lines
+
+
+@pytest.mark.parametrize(
+    "command,overrides,expect",
+    [
+        ("translate", ["threads=-1"], "threads=-1: expected an integer >= 0 (0 = torch's default)"),
+        ("evaluate", ["no_repeat_ngram=-1"], "no_repeat_ngram=-1: expected an integer >= 0 (0 = off)"),
+        ("serve", ["coverage_penalty=-0.5"], "coverage_penalty=-0.5: expected GNMT beta >= 0 (0 = off)"),
+        ("translate", ["max_input_len=0"], "max_input_len=0: expected an integer >= 1"),
+        ("translate", ["min_len_ratio=5", "max_len_ratio=1"], "min_len_ratio=5.0 > max_len_ratio=1.0: a long line's"),
+    ],
+)
+def test_search_numbers_out_of_range_are_refused(command, overrides, expect):
+    """threads=-1 ended in torch's traceback after the model loaded; the others decoded nonsense without a word
+    (min_len_ratio=5 max_len_ratio=1 forced outputs past their own cap)."""
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    with pytest.raises(Stop) as e:
+        given = ["checkpoint=x.pt"] + ([] if command == "serve" else ["input=x.tsv"])
+        preflight(COMMANDS[command], [*given, *overrides])
     assert len(e.value.lines) == 1 and e.value.lines[0].startswith(expect), e.value.lines
 
 
