@@ -623,6 +623,13 @@ def _average_problems(cfg: Any) -> list[str]:
     return problems
 
 
+def _evaluate_problems(cfg: Any) -> list[str]:
+    problems = _decode_problems(cfg)
+    if cfg.bootstrap_samples < 1:  # 0 printed "p = 1.0000 (not significant)" from no resamples at all
+        problems.append(f"bootstrap_samples={cfg.bootstrap_samples}: expected an integer >= 1 (sacrebleu uses 1000)")
+    return problems
+
+
 def _serve_problems(cfg: Any) -> list[str]:
     problems = _decode_problems(cfg)
     if not 0 <= cfg.port <= 65535:  # the socket layer would take it modulo 65536: port=80000 served on 14464
@@ -637,7 +644,7 @@ def _serve_problems(cfg: Any) -> list[str]:
 _COMMAND_PROBLEMS = {
     "train": _train_problems,
     "translate": _decode_problems,
-    "evaluate": _decode_problems,
+    "evaluate": _evaluate_problems,
     "serve": _serve_problems,
     "average": _average_problems,
 }

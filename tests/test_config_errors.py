@@ -104,6 +104,7 @@ def test_numeric_keys_out_of_range_are_refused(override, expect):
         ("evaluate", ["no_repeat_ngram=-1"], "no_repeat_ngram=-1: expected an integer >= 0 (0 = off)"),
         ("serve", ["coverage_penalty=-0.5"], "coverage_penalty=-0.5: expected GNMT beta >= 0 (0 = off)"),
         ("translate", ["max_input_len=0"], "max_input_len=0: expected an integer >= 1"),
+        ("evaluate", ["bootstrap_samples=0"], "bootstrap_samples=0: expected an integer >= 1 (sacrebleu uses 1000)"),
         ("translate", ["min_len_ratio=5", "max_len_ratio=1"], "min_len_ratio=5.0 > max_len_ratio=1.0: a long line's"),
     ],
 )
