@@ -478,6 +478,8 @@ def _train_problems(cfg: Any) -> list[str]:
     problems += _range_problems(cfg)
     problems += _finishing_problems(cfg.trainer)
     problems += _schedule_problems(cfg.trainer)
+    if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):  # else Adam's ValueError
+        problems.append(f"trainer.betas={list(cfg.trainer.betas)}: expected two numbers in [0, 1), e.g. [0.9,0.999]")
     if cfg.data.num_workers not in (0, 1):
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
     if cfg.data.source == "hub" and not cfg.data.hub_path:

@@ -86,6 +86,7 @@ def test_missing_corpus_says_what_to_run(tmp_path):
         ("tokenizer.character_coverage=1.5", "tokenizer.character_coverage=1.5: expected a share in (0, 1]"),
         ("attention.dim=-1", "attention.dim=-1: expected an integer >= 0"),
         ("trainer.threads=-1", "trainer.threads=-1: expected an integer >= 0 (0 = torch's default)"),
+        ("trainer.betas=[1.5,0.9]", "trainer.betas=[1.5, 0.9]: expected two numbers in [0, 1), e.g. [0.9,0.999]"),
     ],
 )
 def test_numeric_keys_out_of_range_are_refused(override, expect):
