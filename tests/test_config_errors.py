@@ -143,3 +143,14 @@ def test_a_corpus_folder_needs_train_and_valid_but_not_test(tmp_path):
         prepare_corpus(data)
     (tmp_path / "valid.tsv").write_text("a\tb\n", encoding="utf-8")
     prepare_corpus(data)  # no test.tsv: fine
+
+
+def test_an_unreachable_hub_dataset_is_one_line(tmp_path):
+    """data=opus100_en_es without a network (the tests run with HF_HUB_OFFLINE=1): one line naming the dataset
+    and the way out, not datasets' ConnectionError traceback; no run folder left behind."""
+    proc = run_module(
+        "nmt.train", ["data=opus100_en_es", f"hydra.run.dir={tmp_path}/run"], tmp_path / "cache", check=False
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "data.hub_path=Helsinki-NLP/opus-100 (data.hub_name=en-es, split train): Couldn't reach" in proc.stderr
+    assert "data.source=tsv data.dir=DIR" in proc.stderr and not (tmp_path / "run").exists()

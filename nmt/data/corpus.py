@@ -119,7 +119,14 @@ def _hub_pairs(spec: CorpusSpec) -> datasets.IterableDataset:
     """Stream a Hub translation dataset (``{"translation": {src_lang: .., tgt_lang: ..}}`` rows)."""
     import datasets  # lazy: translating and serving never load it
 
-    ds = datasets.load_dataset(spec.hub_path, spec.hub_name, split=spec.split, streaming=True)
+    try:
+        ds = datasets.load_dataset(spec.hub_path, spec.hub_name, split=spec.split, streaming=True)
+    except (OSError, ValueError) as e:  # offline / unreachable (ConnectionError), no such dataset, config or split
+        raise CorpusError(
+            f"data.hub_path={spec.hub_path} (data.hub_name={spec.hub_name}, split {spec.split}): {e}. A Hub dataset "
+            "needs the network, or a Hugging Face cache that already holds it; or train on local TSV files: "
+            "data.source=tsv data.dir=DIR"
+        ) from None
     src, tgt = spec.src_lang, spec.tgt_lang
 
     def to_pair(row: dict) -> dict:
