@@ -46,17 +46,26 @@ class RunLogger:
         if mode != "disabled":
             import wandb  # lazy: optional at run time
 
-            self.run = wandb.init(
-                project=wandb_cfg.project,
-                entity=wandb_cfg.entity,
-                name=wandb_cfg.name or run_dir.name,
-                dir=str(run_dir),
-                config=config,
-                mode=mode,
-                resume="allow" if resume else None,
-                id=self._run_id(run_dir, resume),
-                settings=wandb.Settings(silent=bool(getattr(wandb_cfg, "quiet", True))),
-            )
+            try:
+                self.run = wandb.init(
+                    project=wandb_cfg.project,
+                    entity=wandb_cfg.entity,
+                    name=wandb_cfg.name or run_dir.name,
+                    dir=str(run_dir),
+                    config=config,
+                    mode=mode,
+                    resume="allow" if resume else None,
+                    id=self._run_id(run_dir, resume),
+                    settings=wandb.Settings(silent=bool(getattr(wandb_cfg, "quiet", True))),
+                )
+            except (wandb.errors.UsageError, wandb.errors.CommError, wandb.errors.AuthenticationError) as e:
+                # no API key for mode=online, or wandb's servers unreachable: one line, not wandb's traceback
+                if not resume:  # a fresh run keeps no wandb id it never used (its folder is then dropped)
+                    (run_dir / ".wandb_id").unlink(missing_ok=True)
+                raise ConfigError(
+                    f"wandb.mode={mode}: {e} (wandb.mode=offline logs into the run directory, `wandb sync` "
+                    "uploads it later; wandb.mode=disabled turns wandb off)"
+                ) from None
             log.info(
                 "wandb: logging %s (mode=%s)", "online" if mode == "online" else "to " + str(run_dir / "wandb"), mode
             )

@@ -207,3 +207,24 @@ def test_resume_with_only_damaged_checkpoints_stops_and_changes_nothing(tmp_path
     assert "starting this run at step 0" not in proc.stderr and "Traceback" not in proc.stderr
     assert (run / "checkpoints" / "last.pt").read_bytes() == b"not a checkpoint"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt"]
+
+
+def test_wandb_online_without_an_api_key_is_one_line(tmp_path, sample_dir):
+    """wandb.mode=online with no key configured ended in wandb's UsageError traceback; now one line with the
+    ways out. HOME is a fresh folder (no ~/.netrc) and no WANDB_* variable is set."""
+    e = {k: v for k, v in env(tmp_path / "cache").items() if not k.startswith("WANDB_")}
+    e.update(HOME=str(tmp_path), PYTHONPATH=str(REPO))
+    args = [
+        f"data.dir={sample_dir}",
+        *QUIET,
+        "trainer.max_steps=2",
+        "wandb.mode=online",
+        f"hydra.run.dir={tmp_path}/run",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "nmt.train", *args], cwd=REPO, env=e, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "wandb.mode=online: No API key configured" in proc.stderr, proc.stderr[-3000:]
+    assert "wandb.mode=offline logs into the run directory" in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing was trained: no folder left behind
