@@ -12,7 +12,7 @@ import logging
 
 from omegaconf import DictConfig
 
-from nmt.cli import command
+from nmt.cli import check_paths, command
 from nmt.config import register_configs
 from nmt.errors import ConfigError
 from nmt.rundir import RunDir
@@ -36,12 +36,13 @@ def newest(run_dir: str, n: int) -> list[str]:
 
 @command("average")
 def main(cfg: DictConfig) -> None:
+    paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])
+    check_paths(paths, (), [cfg.output])  # before torch: missing files, and output= one of the averaged
     import torch
 
     from nmt import checkpoint
 
     torch.set_grad_enabled(False)
-    paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])
     checkpoint.save(cfg.output, checkpoint.average(paths))  # atomic, as every checkpoint
     if len(paths) == 1:
         log.warning("one checkpoint: %s holds its weights unchanged (an average needs two or more)", cfg.output)

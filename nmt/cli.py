@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import logging.config
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -312,6 +313,21 @@ def check_paths(
     for path in outputs:
         if path and not Path(path).resolve().parent.is_dir():
             raise NmtError(f"{path}: its folder {Path(path).parent} does not exist (create it, or write elsewhere)")
+    read = [p for p in (*checkpoints, *inputs) if p]
+    written = [p for p in outputs if p]
+    for i, path in enumerate(written):  # input=a.txt output=a.txt emptied a.txt before a line was read
+        if any(same_file(path, r) for r in read):
+            raise NmtError(f"{path}: this command reads that file and would overwrite it; write the output elsewhere")
+        if any(same_file(path, w) for w in written[:i]):
+            raise NmtError(f"{path}: two outputs of this command name that file; give each its own")
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (the same path, or links to one file)."""
+    pa, pb = Path(a), Path(b)
+    if pa.resolve() == pb.resolve():
+        return True
+    return pa.exists() and pb.exists() and os.path.samefile(pa, pb)
 
 
 def console_logging() -> None:

@@ -124,7 +124,7 @@ def main(cfg: DictConfig) -> None:
     # baseline: a checkpoint decoded with the same search settings, or a file of hypotheses, one per input line
     model_baseline = cfg.baseline if cfg.baseline and cfg.baseline.endswith(".pt") else None
     file_baseline = None if model_baseline else cfg.baseline
-    check_paths([cfg.checkpoint, *cfg.ensemble, model_baseline], [file_baseline], [cfg.hypotheses, cfg.json])
+    check_paths([cfg.checkpoint, *cfg.ensemble, model_baseline], [cfg.input, file_baseline], [cfg.hypotheses, cfg.json])
     # Every line is scored, and hypotheses= writes one line per input line: a malformed line is refused (one
     # line naming file:line, exit 2) before torch is loaded, not skipped into a score over fewer sentences.
     pairs = load_pairs(CorpusSpec(cfg.input, strict=True), why_strict="nmt.evaluate scores every line of its input")

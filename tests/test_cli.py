@@ -238,6 +238,35 @@ def test_serve_refuses_a_bad_address_before_loading_the_model(case, tmp_path):
     assert says in line, line
 
 
+@pytest.mark.parametrize(
+    ("module", "argv", "says"),
+    [
+        (
+            "nmt.translate",
+            ["input=in.txt", "output=in.txt"],
+            "in.txt: this command reads that file and would overwrite",
+        ),
+        ("nmt.translate", ["input=in.txt", "output=o.txt", "attention_out=./o.txt"], "two outputs of this command"),
+        ("nmt.evaluate", ["input=in.txt", "hypotheses=in.txt"], "in.txt: this command reads that file"),
+        ("nmt.evaluate", ["input=in.txt", "hypotheses=h.txt", "json=h.txt"], "two outputs of this command"),
+        ("nmt.average", ["checkpoints=[best.pt,other.pt]", "output=best.pt"], "best.pt: this command reads that"),
+    ],
+)
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(module, argv, says, tmp_path):
+    """``nmt.translate input=a.txt output=a.txt`` emptied a.txt before reading it ("translated 0 lines")."""
+    (tmp_path / "in.txt").write_text("Hello.\tHola.\n", encoding="utf-8")
+    for name in ("best.pt", "other.pt"):
+        (tmp_path / name).write_bytes(b"weights")
+    argv = [a.replace("=", f"={tmp_path}/", 1) if a.split("=")[0] != "checkpoints" else a for a in argv]
+    argv = [a.replace("[best.pt,other.pt]", f"[{tmp_path}/best.pt,{tmp_path}/other.pt]") for a in argv]
+    if module != "nmt.average":
+        argv = [f"checkpoint={tmp_path}/best.pt", *argv]
+    line = refused_before_torch(module, argv, tmp_path)
+    assert says in line, line
+    assert (tmp_path / "in.txt").read_text(encoding="utf-8") == "Hello.\tHola.\n"
+    assert (tmp_path / "best.pt").read_bytes() == b"weights"
+
+
 def test_a_resume_with_nothing_to_resume_fetches_no_corpus(tmp_path):
     """``nmt.train trainer.resume=true`` in a folder without runs: the one line, before the default corpus is
     fetched into data/ (it was copied first, then the resume refused) and before torch is imported."""
