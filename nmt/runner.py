@@ -92,6 +92,11 @@ def build_loader(
         sampling=Sampling(t.sample_alpha, t.sample_nbest),
         word_dropout=(d.src_word_dropout, d.tgt_word_dropout),
     )
+    if d.num_workers:
+        # The worker is forked and inherits this process's imports; the stream's library must be among them.
+        # Imported first in the child, it runs wandb's import hooks there, which raise ForkedError (a resume,
+        # whose tokenizer comes from the checkpoint, had not imported it yet).
+        import datasets  # noqa: F401
     loader = torch.utils.data.DataLoader(
         stream,
         batch_size=None,

@@ -148,6 +148,10 @@ def test_resume_continues_from_the_saved_step(trained, tmp_path):
             "trainer.max_steps=140",
             "trainer.valid_every=40",
             "trainer.resume=true",
+            # with wandb on (offline): a resume imports the corpus code first in the forked DataLoader worker
+            # unless the main process has (its tokenizer comes from the checkpoint), and wandb's import hooks
+            # then raised ForkedError there (found 2026-11-27)
+            "wandb.mode=offline",
             f"hydra.run.dir={copy}",
         ],
         cache,
