@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -154,8 +155,9 @@ def create_app(translator: Translator, max_chars: int) -> Flask:
     return app
 
 
-def make_server(app: Flask, host: str, port: int, threads: int):
-    """A waitress server bound to host:port (port 0: a free one, see ``.effective_port``); ``.run()`` serves.
+def make_server(app: Callable[[dict, Any], Any], host: str, port: int, threads: int):
+    """A waitress server for the WSGI ``app`` (the Flask app, or a ``LateApp`` that gets it once the model has
+    loaded), bound to host:port (port 0: a free one, see ``.effective_port``); ``.run()`` serves.
 
     Built with ``create_server`` rather than ``waitress.serve`` so the log line can give the port
     actually bound, and ``close()`` stops it (tests run it in a thread).
