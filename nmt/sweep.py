@@ -13,12 +13,14 @@ No model is loaded here: ``nmt.report`` decodes, this module only reads configs 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
 from nmt.rundir import RunDir
 
@@ -168,3 +170,20 @@ def mean_spread(values: list[float]) -> tuple[float, float]:
     """(mean, spread) with spread = (max − min) / 2: mean ± spread spans every seed's value, which
     with 2–3 seeds says more honestly than a standard deviation how far one run can land."""
     return sum(values) / len(values), (max(values) - min(values)) / 2
+
+
+class SweepSummary(Callback):
+    """``nmt.train -m``'s last lines (registered in configs/config.yaml as a Hydra callback): every job of
+    the sweep folder with its best validation, best first, the folders without one, and the command that
+    tables them. Without it a sweep ended on its last job's own lines. Printed to stderr, not logged: the
+    root logger still writes into the last job's train.log when the basic launcher has run the jobs."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = Path(config.hydra.sweep.dir)
+        jobs, skipped = collect(sweep)
+        lines = [f"sweep {sweep}: {len(jobs)} job(s) with a validation, best valid BLEU first (greedy, as validated):"]
+        for j in sorted(jobs, key=lambda j: -j.best["bleu"]):
+            lines.append(f"  {j.best['bleu']:6.2f}  step {j.best['step']:>6}  {j.name}")
+        lines += [f"  (no result) {f.name}: {why}" for f, why in skipped]
+        lines.append(f"tables, curves and attention statistics: python -m nmt.report {sweep}")
+        print("\n".join(lines), file=sys.stderr)

@@ -81,11 +81,16 @@ def run_module(
     return proc
 
 
-def tiny_sweep(folder: Path, overrides: list[str], data_dir: Path, cache: Path, steps: int = 20) -> list[Path]:
+def tiny_sweep(
+    folder: Path, overrides: list[str], data_dir: Path, cache: Path, steps: int = 20, output: list | None = None
+) -> list[Path]:
     """``python -m nmt.train -m OVERRIDES`` with the tiny model on ``data_dir`` for ``steps`` steps into
-    the sweep folder ``folder`` (a second call adds jobs to it); returns every job folder found there."""
+    the sweep folder ``folder`` (a second call adds jobs to it); returns every job folder found there.
+    ``output``: the finished process is appended to it (its stderr holds the sweep's last lines)."""
     args = ["-m", *overrides, f"data.dir={data_dir}", *TINY, f"trainer.max_steps={steps}", f"hydra.sweep.dir={folder}"]
-    run_module("nmt.train", args, cache)
+    proc = run_module("nmt.train", args, cache)
+    if output is not None:
+        output.append(proc)
     return sorted(p.parent.parent for p in folder.rglob(".hydra/config.yaml"))
 
 

@@ -166,8 +166,14 @@ def test_strict_corpus_error_is_one_line_before_training(tmp_path, sample_dir):
 
 def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_dir):
     sweep = tmp_path / "sweep"
-    jobs = tiny_sweep(sweep, ["attention=dot,general"], sample_dir, tmp_path / "cache")  # data.dir: '/' in job names
+    procs = []  # data.dir: '/' in job names
+    jobs = tiny_sweep(sweep, ["attention=dot,general"], sample_dir, tmp_path / "cache", output=procs)
     assert len(jobs) == 2 and all(j.parent == sweep for j in jobs), jobs
+    # The sweep's last lines: every job with its best validation, and the report command (SweepSummary).
+    tail = procs[0].stderr.splitlines()[-4:]
+    assert tail[0] == f"sweep {sweep}: 2 job(s) with a validation, best valid BLEU first (greedy, as validated):"
+    assert sorted(re.fullmatch(r" +[\d.]+ +step +20 +(\S+)", x).group(1) for x in tail[1:3]) == [j.name for j in jobs]
+    assert tail[3] == f"tables, curves and attention statistics: python -m nmt.report {sweep}"
     (sweep / "broken" / ".hydra").mkdir(parents=True)
     (sweep / "broken" / ".hydra" / "config.yaml").write_text("{}")
     proc = run_module("nmt.report", [str(sweep)], tmp_path / "cache")
