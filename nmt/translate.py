@@ -146,6 +146,8 @@ def main(cfg: DictConfig) -> None:
         if cfg.attention_out:
             sink.attention_out = stack.enter_context(open(cfg.attention_out, "w", encoding="utf-8"))
         odd: list[int] = []
+        if cfg.input is None and sys.stdin.isatty():  # at a prompt: say that it waits, and how to stop it
+            log.info("type a line and press Enter to translate it; Ctrl-D (Ctrl-Z Enter on Windows) ends")
         # with several processes a read batch gives each of them batch_size lines
         n = translate_stream(tx, read_lines(src, odd), sink, cfg.batch_size * tx.n, interactive=cfg.input is None)
         report_odd_lines(odd, cfg.input or "stdin")

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pty
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
-from helpers import TINY, run_module, source_file
+from helpers import REPO, TINY, env, run_module, source_file
 from nmt import checkpoint
 
 
@@ -216,3 +220,27 @@ def test_average_says_when_a_run_has_fewer_checkpoints_than_asked(tmp_path, capl
     assert f"last=5: {tmp_path}/checkpoints has only 2 step_N.pt; averaging those" in caplog.text
     caplog.clear()
     assert len(newest(str(tmp_path), 1)) == 1 and caplog.text == ""
+
+
+def test_translate_at_a_prompt_says_that_it_waits_and_answers_each_line(trained):
+    """From a terminal (a pseudo-terminal here) the command says it is waiting for input and how to end it,
+    then answers each line as it is typed; from a pipe it says nothing of the kind (the other tests)."""
+    run, cache, _ = trained
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt.translate", f"checkpoint={run}/checkpoints/best.pt", "beam_size=1"],
+        cwd=REPO,
+        env={**env(cache), "PYTHONPATH": str(REPO)},
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(follower)
+    os.write(leader, b"I like cats.\n")
+    line = proc.stdout.readline()  # answered before the input ends
+    os.write(leader, b"\x04")  # Ctrl-D
+    out, err = proc.communicate(timeout=120)
+    os.close(leader)
+    assert line.strip() and out == "" and proc.returncode == 0, err[-2000:]
+    assert "type a line and press Enter to translate it; Ctrl-D" in err and "translated 1 line" in err
