@@ -85,9 +85,19 @@ def main(cfg: DictConfig) -> float:
             run_dir = chosen.root
         if "RANK" not in os.environ:  # one process: the corpus is found (or fetched) before torch is loaded
             prepare_corpus(cfg.data)  # (torchrun's ranks do it in run(), rank 0 first)
-        from nmt.runner import run
+        from nmt.runner import resume_command, run
 
-        result = run(cfg, run_dir, overrides)
+        try:
+            result = run(cfg, run_dir, overrides)
+        except KeyboardInterrupt:  # a second Ctrl-C while the first waited for the step to end: stop at once
+            kept = RunDir(run_dir).is_resumable()
+            log.warning(
+                "interrupted again: stopped at once, without saving this step; %s",
+                f"the newest checkpoint is kept, resume with: {resume_command(overrides, run_dir)}"
+                if kept
+                else "no checkpoint had been written yet",
+            )
+            sys.exit(130)
     except NmtError as e:
         if unused(run_dir):  # a mistake found before any work: the error, and no empty run folder left behind
             detach_file_log()

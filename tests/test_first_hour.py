@@ -234,3 +234,29 @@ def test_wandb_online_without_an_api_key_is_one_line(tmp_path, sample_dir):
     assert "wandb.mode=online: No API key configured" in proc.stderr, proc.stderr[-3000:]
     assert "wandb.mode=offline logs into the run directory" in proc.stderr
     assert not (tmp_path / "run").exists()  # nothing was trained: no folder left behind
+
+
+def test_a_second_interrupt_stops_at_once_in_one_line(tmp_path, sample_dir):
+    """Ctrl-C twice in a row: the second stops at once (nmt.trainer.StopSignal raises KeyboardInterrupt). That
+    printed a traceback; now one line says nothing of this step was saved and how to resume from what was.
+    The interrupt is raised by a stand-in for the run (two real signals inside one tiny step are not timeable)."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"an earlier checkpoint")
+    argv = ["nmt.train", f"data.dir={sample_dir}", *QUIET, f"hydra.run.dir={run}"]
+    code = (
+        "import runpy, sys, nmt.runner\n"
+        "def interrupted(*args):\n    raise KeyboardInterrupt\n"
+        f"nmt.runner.run = interrupted\nsys.argv = {argv!r}\n"
+        "runpy.run_module('nmt.train', run_name='__main__')\n"
+    )
+    e = {**env(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (
+        "interrupted again: stopped at once, without saving this step; the newest checkpoint is kept, " in proc.stderr
+    )
+    assert (
+        f"resume with: python -m nmt.train data.dir={sample_dir}" in proc.stderr
+        and "trainer.resume=true" in proc.stderr
+    )
