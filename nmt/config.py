@@ -459,15 +459,17 @@ _SECTION_RANGES: dict[str, tuple[tuple[tuple[str, ...], Callable[[float], bool],
 }
 
 
-def _range_problems(cfg: Any) -> list[str]:
-    """Every numeric key outside the values that mean something (_TRAINER_RANGES, _SECTION_RANGES)."""
-    tables = {"trainer": _TRAINER_RANGES, **_SECTION_RANGES}
+def _range_problems(cfg: Any, tables: dict[str, tuple] | None = None) -> list[str]:
+    """Every numeric key outside the values that mean something: ``tables`` maps a section ("" = the top
+    level) to its ranges; by default the training config's (_TRAINER_RANGES, _SECTION_RANGES)."""
+    tables = tables if tables is not None else {"trainer": _TRAINER_RANGES, **_SECTION_RANGES}
     return [
-        f"{section}.{k}={cfg[section][k]}: expected {expected}"
+        f"{section + '.' if section else ''}{k}={node[k]}: expected {expected}"
         for section, table in tables.items()
+        for node in [cfg[section] if section else cfg]
         for keys, ok, expected in table
         for k in keys
-        if cfg[section][k] is not None and not ok(cfg[section][k])
+        if node[k] is not None and not ok(node[k])
     ]
 
 
@@ -595,9 +597,7 @@ def _decode_problems(cfg: Any) -> list[str]:
         problems.append(f"n_best={cfg.n_best} needs 1 <= n_best <= beam_size (got beam_size={cfg.beam_size})")
     if cfg.get("batch_size", 1) < 1:
         problems.append(f"batch_size={cfg.batch_size}: expected an integer >= 1")
-    for key, ok, expected in _DECODE_RANGES:  # the search's numbers: nonsense otherwise, or a traceback (threads)
-        if not ok(cfg[key]):
-            problems.append(f"{key}={cfg[key]}: expected {expected}")
+    problems += _range_problems(cfg, {"": _DECODE_RANGES})  # the search's numbers: nonsense otherwise, or a traceback
     if cfg.min_len_ratio > cfg.max_len_ratio:
         problems.append(
             f"min_len_ratio={cfg.min_len_ratio} > max_len_ratio={cfg.max_len_ratio}: a long line's shortest "
@@ -606,13 +606,12 @@ def _decode_problems(cfg: Any) -> list[str]:
     return problems
 
 
-_DECODE_RANGES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
-    ("threads", lambda v: v >= 0, "an integer >= 0 (0 = torch's default)"),
-    ("max_input_len", lambda v: v >= 1, "an integer >= 1"),
-    ("no_repeat_ngram", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
-    ("coverage_penalty", lambda v: v >= 0, "GNMT beta >= 0 (0 = off)"),
-    ("max_len_ratio", lambda v: v >= 0, "a number >= 0"),
-    ("min_len_ratio", lambda v: v >= 0, "a number >= 0"),
+_DECODE_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
+    (("threads",), lambda v: v >= 0, "an integer >= 0 (0 = torch's default)"),
+    (("max_input_len",), lambda v: v >= 1, "an integer >= 1"),
+    (("no_repeat_ngram",), lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+    (("coverage_penalty",), lambda v: v >= 0, "GNMT beta >= 0 (0 = off)"),
+    (("max_len_ratio", "min_len_ratio"), lambda v: v >= 0, "a number >= 0"),
 )
 
 

@@ -46,6 +46,7 @@ class RunLogger:
         if mode != "disabled":
             import wandb  # lazy: optional at run time
 
+            run_id = self._run_id(run_dir, resume)
             try:
                 self.run = wandb.init(
                     project=wandb_cfg.project,
@@ -55,30 +56,28 @@ class RunLogger:
                     config=config,
                     mode=mode,
                     resume="allow" if resume else None,
-                    id=self._run_id(run_dir, resume),
+                    id=run_id,
                     settings=wandb.Settings(silent=bool(getattr(wandb_cfg, "quiet", True))),
                 )
             except (wandb.errors.UsageError, wandb.errors.CommError, wandb.errors.AuthenticationError) as e:
                 # no API key for mode=online, or wandb's servers unreachable: one line, not wandb's traceback
-                if not resume:  # a fresh run keeps no wandb id it never used (its folder is then dropped)
-                    (run_dir / ".wandb_id").unlink(missing_ok=True)
                 raise ConfigError(
                     f"wandb.mode={mode}: {e} (wandb.mode=offline logs into the run directory, `wandb sync` "
                     "uploads it later; wandb.mode=disabled turns wandb off)"
                 ) from None
+            (run_dir / ".wandb_id").write_text(run_id)  # once wandb has the run: a failed start leaves no id file
             log.info(
                 "wandb: logging %s (mode=%s)", "online" if mode == "online" else "to " + str(run_dir / "wandb"), mode
             )
 
     @staticmethod
-    def _run_id(run_dir: Path, resume: bool) -> str | None:
-        """Keep one wandb run per run directory, so a resumed run continues its curves."""
+    def _run_id(run_dir: Path, resume: bool) -> str:
+        """Keep one wandb run per run directory, so a resumed run continues its curves: the id saved in the
+        run directory (written once wandb.init succeeded), else a new one."""
         id_file = run_dir / ".wandb_id"
         if resume and id_file.is_file():
             return id_file.read_text().strip()
-        run_id = uuid.uuid4().hex[:12]
-        id_file.write_text(run_id)
-        return run_id
+        return uuid.uuid4().hex[:12]
 
     def log(self, record: dict, step: int, to_file: bool = True) -> None:
         if to_file:
