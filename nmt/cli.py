@@ -20,6 +20,7 @@ traceback.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import logging.config
 import os
@@ -368,6 +369,16 @@ def launch(
     return hydra_main()
 
 
+def skip_exit_collection() -> None:
+    """Called as a command ends: the objects alive now (torch's, Hydra's, datasets', the model's) are frozen out of
+    the garbage collector, so the collection Python runs as the interpreter shuts down does not walk them all
+    (1.8 s after the last line of a tiny training run on a 2-core AMD EPYC; docs/benchmarks.md). The operating
+    system frees the process's memory either way; atexit handlers (logging, wandb) still run; every file a
+    command writes is closed before it returns. For the end of a ``python -m nmt.X`` process only, not for
+    library code that goes on running."""
+    gc.freeze()
+
+
 def command(name: str) -> Callable[[Callable[[Any], Any]], Callable[[], Any]]:
     """Decorator for a command's task function (it replaces ``@hydra.main``): the returned function
     launches the command from ``sys.argv``. Each (sweep) job's config is validated again as it starts,
@@ -390,7 +401,10 @@ def command(name: str) -> Callable[[Callable[[Any], Any]], Callable[[], Any]]:
         hydra_main = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=cmd.config_name)(job)
 
         def main() -> Any:
-            return launch(cmd, hydra_main, sys.argv[1:], job)
+            try:
+                return launch(cmd, hydra_main, sys.argv[1:], job)
+            finally:
+                skip_exit_collection()
 
         return main
 

@@ -17,6 +17,7 @@ that differ only in ``seed`` are one variant, reported as mean ± spread. Writes
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
@@ -247,4 +248,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        gc.freeze()  # no collection walking every object at exit (nmt.cli.skip_exit_collection says why)
