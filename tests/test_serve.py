@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -97,9 +98,15 @@ def test_cli_serves_with_waitress_and_no_development_server_warning(trained):
     proc, base = start_server(trained, "http_threads=3")
     with urllib.request.urlopen(base + "/healthz", timeout=10) as r:
         assert r.status == 200 and json.loads(r.read()) == {"ok": True}
+    assert translate(base, "I like cats.\nHello.")[0] == 200
+    assert post(base + "/nowhere", b"{}")[0] == 404
     out = stop(proc)
     assert "development server" not in out.lower(), out
     assert f"on {base}/ with 3 threads (waitress)" in out, out
+    # An access log (waitress writes none): a line per request, the health checks left out.
+    assert re.search(r"\] - 127\.0\.0\.1 POST /api/translate 200, 2 lines, \d+ ms$", out, re.M), out
+    assert re.search(r"\] - 127\.0\.0\.1 POST /nowhere 404, \d+ ms$", out, re.M), out
+    assert "/healthz" not in out, out
 
 
 def test_bad_thread_count_is_one_line_before_loading(trained, tmp_path):
