@@ -72,6 +72,17 @@ def test_resume_position_reproduces_the_stream(sample_dir, tok):
     assert all(torch.equal(x.src, y.src) for x, y in zip(resumed, full[12:]))
 
 
+def test_a_resume_cuts_the_skipped_batches_but_builds_no_tensors_for_them(sample_dir, tok, monkeypatch):
+    """Padding a skipped batch into tensors was a third of a resume's wait for its first batch
+    (scripts/benchmark_resume.py); the skipped batches are still cut, so the stream goes on exactly."""
+    import nmt.data.batching as batching
+
+    built = []
+    monkeypatch.setattr(batching, "collate", lambda *a, **k: built.append(a[3]) or collate(*a, **k))
+    first = next(iter(stream(sample_dir, tok, starts=[(0, 12)])))
+    assert first.index == 12 and built == [12]
+
+
 def pairs_of(batches, tok):
     """(source ids, target ids) of every pair in the batches, padding stripped."""
     return sorted(
