@@ -73,7 +73,7 @@ def test_resume_position_reproduces_the_stream(sample_dir, tok):
 
 
 def test_a_resume_cuts_the_skipped_batches_but_builds_no_tensors_for_them(sample_dir, tok, monkeypatch):
-    """Padding a skipped batch into tensors was a third of a resume's wait for its first batch
+    """Padding the skipped batches into tensors was about a quarter of a resume's wait for its first batch
     (scripts/benchmark_resume.py); the skipped batches are still cut, so the stream goes on exactly."""
     import nmt.data.batching as batching
 

@@ -205,7 +205,7 @@ class BatchStream(IterableDataset):
 
     def epoch_batches(self, tok: Tokenizer, epoch: int, shard: int = 0, skip: int = 0) -> Iterator[Batch]:
         """One epoch of a shard's batches, from batch index ``skip`` on (a resume). The skipped ones are still
-        cut, so the shuffles draw as they did, but not padded into tensors (a third of a skip's time)."""
+        cut, so the shuffles draw as they did, but not padded into tensors (about a quarter of a skip's time)."""
         rng = random.Random((self.seed * 1_000_003 + epoch) * 1_009 + shard)
         index, too_long, total = 0, 0, 0
         for n, bucket in enumerate(self._buckets(epoch, shard)):
