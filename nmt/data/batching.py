@@ -126,6 +126,22 @@ def _drop(ids: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:
     return ids.masked_fill(hit & (ids != PAD) & (ids != BOS) & (ids != EOS), UNK)
 
 
+def shuffle_options(ds) -> dict:
+    """Keyword arguments for ``ds.shuffle``: ``max_buffer_input_shards=1`` for a one-shard stream (a local TSV).
+
+    ``datasets`` (5.2 here) fills a shuffle buffer through an interleaving of up to 10 input shards, which
+    hands every row through a thread-pool future: 80-110 µs a row, 8-11 s per pass over the 105k training pairs
+    on a 2-core AMD EPYC, paid by the DataLoader worker in every epoch and by a resume skipping to its batch
+    (docs/benchmarks.md). With one shard the interleaving yields the rows in the same order, so it is left
+    out; the shuffled stream is the same, row for row (tests/test_batching.py). A Hub dataset of several
+    shards keeps the default, which mixes its shards. Older ``datasets`` without the keyword: nothing."""
+    import inspect
+
+    if getattr(ds, "num_shards", 0) == 1 and "max_buffer_input_shards" in inspect.signature(ds.shuffle).parameters:
+        return {"max_buffer_input_shards": 1}
+    return {}
+
+
 class BatchStream(IterableDataset):
     """Endless stream of training batches, epoch after epoch, deterministic for a seed.
 
@@ -188,7 +204,7 @@ class BatchStream(IterableDataset):
     def _buckets(self, epoch: int, shard: int) -> Iterator[list[dict]]:
         ds = stream_pairs(self.spec)
         if self.shuffle_buffer > 1:
-            ds = ds.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
+            ds = ds.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer, **shuffle_options(ds))
         if self.num_shards > 1:
             from datasets.distributed import split_dataset_by_node  # lazy: decoding never loads datasets
 
