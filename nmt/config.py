@@ -182,6 +182,10 @@ class TrainerConfig:
     tune_decoding: bool = True
     tune_beam_sizes: list[int] = field(default_factory=lambda: [1, 3, 5, 8])  # tune_decoding's beam sizes
     tune_length_penalties: list[float] = field(default_factory=lambda: [0.6, 0.8, 1.0, 1.2])  # and length penalties
+    # Only for a checkpoint whose validation BLEU reaches this: below it (a run too short to learn much) the
+    # grid's differences are noise, 13 decodes cost more than such a run trained, and a tie would store greedy
+    # search; the decoding commands then use beam 5, length penalty 1.0. 0 = always.
+    tune_min_bleu: float = 1.0
     # At the end of a run, store in best.pt (and averaged.pt) a lexical vocabulary shortlist built from the
     # training pairs: the shortlist_frequent most frequent target pieces + shortlist_per_source per source
     # piece. nmt.translate/evaluate/serve search each batch over it when told shortlist=true.
@@ -426,6 +430,7 @@ _TRAINER_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...
     (("average_last",), lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     (("accum_steps", "log_every", "val_beam_size"), lambda v: v >= 1, "an integer >= 1"),
     (("weight_decay", "min_lr", "log_seconds"), lambda v: v >= 0, "a number >= 0"),
+    (("tune_min_bleu",), lambda v: 0 <= v <= 100, "a BLEU score in [0, 100] (0 = always tune)"),
     (("clip_grad",), lambda v: v >= 0, "a gradient norm >= 0 (0 = no clipping)"),
     (("checkpoint_minutes",), lambda v: v >= 0, "minutes >= 0 (0 = only at validations and the end)"),
     (("lr", "valid_minutes"), lambda v: v > 0, "a number > 0"),

@@ -14,7 +14,8 @@ checkpoint's decoding defaults.
   Stored in the checkpoint as ``{beam_size, length_penalty, stop, bleu, sentences}``;
   ``nmt.translate``/``evaluate``/``serve`` decode with it where the user leaves a key unset
   (``nmt.runtime.search_options``). Tuned on valid only,
-  so test.tsv stays unseen.
+  so test.tsv stays unseen. Only for a checkpoint whose validation BLEU reaches ``trainer.tune_min_bleu``
+  (default 1.0): below it the grid measures noise, and its ties would store greedy search.
 - ``shortlist`` (``trainer.shortlist``): a lexical vocabulary shortlist built from the training pairs
   (``nmt.shortlist``), stored in ``best.pt`` and ``averaged.pt``; the decoding commands search each batch
   over it when told ``shortlist=true``. The decoding defaults above are chosen over the whole vocabulary.
@@ -116,8 +117,10 @@ class Finisher:
         average_last: int = 0,
         grid: DecodingGrid | None = None,
         shortlist: Callable[[], Shortlist] | None = None,
+        min_bleu: float = 0.0,
     ):
         self.rundir, self.average_last, self.grid, self.shortlist = rundir, average_last, grid, shortlist
+        self.min_bleu = min_bleu  # a checkpoint validated below this gets no decoding defaults
 
     def __call__(self, model: Seq2Seq, validator: Validator, progress: Progress) -> Finished:
         done = Finished()
@@ -138,12 +141,26 @@ class Finisher:
         scratch = copy.deepcopy(model)  # scored with other weights; the trained model stays as it is
         if self.average_last:
             self._average(scratch, validator, done, extra)
+        validated = {self.rundir.best: progress.best_bleu, done.averaged: done.averaged_bleu}
         for path in (self.rundir.best, done.averaged):
-            if path is not None and path.is_file():
-                if self.grid is not None:
-                    done.decoding[path] = self._tune(path, scratch, validator, extra)
-                elif extra and path != done.averaged:  # averaged.pt was written with them
-                    self.rundir.write_checkpoint(path.name, {**checkpoint.load(path), **extra})
+            if path is None or not path.is_file():
+                continue
+            bleu = validated[path] or 0.0
+            if self.grid is not None and bleu >= self.min_bleu:
+                done.decoding[path] = self._tune(path, scratch, validator, extra)
+                continue
+            if self.grid is not None:
+                log.info(
+                    "%s: valid BLEU %.2f is below trainer.tune_min_bleu=%g, so no decoding defaults were chosen "
+                    "(the grid would measure noise); the decoding commands use beam %d, length penalty %g",
+                    path.name,
+                    bleu,
+                    self.min_bleu,
+                    DEFAULT_SEARCH.beam_size,
+                    DEFAULT_SEARCH.alpha,
+                )
+            if extra and path != done.averaged:  # averaged.pt was written with them
+                self.rundir.write_checkpoint(path.name, {**checkpoint.load(path), **extra})
         return done
 
     def _average(self, scratch: Seq2Seq, validator: Validator, done: Finished, extra: dict) -> None:

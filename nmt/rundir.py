@@ -225,6 +225,7 @@ RESUME_MAY_CHANGE = (
     "trainer.tune_decoding",
     "trainer.tune_beam_sizes",
     "trainer.tune_length_penalties",
+    "trainer.tune_min_bleu",
     "trainer.shortlist",  # and these three
     "trainer.shortlist_frequent",
     "trainer.shortlist_per_source",

@@ -209,7 +209,7 @@ def build_finisher(
     make = None
     if t.shortlist and train is not None and tokenizer is not None:
         make = functools.partial(build_shortlist, t, train, tokenizer)
-    return Finisher(rundir, t.average_last, grid, make)
+    return Finisher(rundir, t.average_last, grid, make, t.tune_min_bleu)
 
 
 def build_shortlist(t: Any, train: CorpusSpec, tokenizer: Tokenizer) -> Shortlist:

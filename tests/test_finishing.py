@@ -44,6 +44,7 @@ def finished_run(tmp_path_factory, sample_dir):
         "trainer.keep_last=3",
         "trainer.average_last=3",
         "trainer.tune_decoding=true",
+        "trainer.tune_min_bleu=0",  # the tiny model scores ~0 BLEU: tuned all the same, to test the tuning
         *GRID,
         f"hydra.run.dir={run}",
     ]
@@ -230,6 +231,7 @@ def test_runs_from_before_these_keys_resume_and_may_turn_them_on():
         "tune_decoding",
         "tune_beam_sizes",
         "tune_length_penalties",
+        "tune_min_bleu",
         "shortlist",
         "shortlist_frequent",
         "shortlist_per_source",
@@ -279,3 +281,34 @@ def test_a_run_with_one_step_checkpoint_writes_no_averaged_pt(tmp_path, caplog):
     done = Finisher(rundir, average_last=3)(model, validator, Progress(step=20, best_bleu=1.0))
     assert done.averaged == rundir.averaged and done.averaged_bleu == 3.0  # two are averaged
     assert "trainer.average_last=3: the run has only 2 step_N.pt" in caplog.text
+
+
+def test_a_checkpoint_below_tune_min_bleu_gets_no_decoding_defaults_but_keeps_its_shortlist(tmp_path, caplog):
+    """A 30-step run (valid BLEU 0.44) spent 25 s decoding the 13 settings, and the tie-break stored greedy
+    search. Below trainer.tune_min_bleu nothing is chosen; the shortlist is still stored."""
+    from nmt.finishing import Finisher
+
+    rundir = RunDir(tmp_path)
+    model = torch.nn.Linear(2, 2)
+    rundir.write_checkpoint("best.pt", {"model": model.state_dict(), "step": 10, "tokenizer": {}, "config": {}})
+    short = Shortlist(torch.arange(6), torch.full((3, 2), 3), (6, 2))
+    validator = SimpleNamespace(bleu=lambda *a, **k: pytest.fail("nothing should be decoded"), sentences=4)
+    finisher = Finisher(rundir, grid=DecodingGrid(beam_sizes=(1, 2)), shortlist=lambda: short, min_bleu=1.0)
+    with caplog.at_level(logging.INFO, logger="nmt.finishing"):
+        done = finisher(model, validator, Progress(step=10, best_bleu=0.44))
+    assert done.decoding == {} and "decoding" not in checkpoint.load(rundir.best)
+    assert checkpoint.load(rundir.best)["shortlist"]["frequent"].tolist() == list(range(6))
+    assert "best.pt: valid BLEU 0.44 is below trainer.tune_min_bleu=1, so no decoding defaults were chosen" in (
+        caplog.text
+    )
+    validator.bleu = lambda *a, **k: 1.5  # at the threshold: tuned as before
+    done = finisher(model, validator, Progress(step=10, best_bleu=1.0))
+    assert done.decoding[rundir.best]["bleu"] == 1.5 and checkpoint.load(rundir.best)["decoding"]["beam_size"] == 1
+
+
+def test_tune_min_bleu_is_a_bleu_score():
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.attention.name = "bahdanau"
+    cfg.trainer.tune_min_bleu = -1
+    with pytest.raises(ConfigError, match=r"trainer.tune_min_bleu=-1.0: expected a BLEU score in \[0, 100\]"):
+        validate(cfg, "train")
