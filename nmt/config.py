@@ -629,22 +629,22 @@ def _average_problems(cfg: Any) -> list[str]:
     return problems
 
 
+# bootstrap_samples=0 printed "p = 1.0000 (not significant)" from no resamples at all.
+_EVALUATE_RANGES = ((("bootstrap_samples",), lambda v: v >= 1, "an integer >= 1 (sacrebleu uses 1000)"),)
+_SERVE_RANGES = (
+    # The socket layer would take a port modulo 65536: port=80000 served on 14464.
+    (("port",), lambda v: 0 <= v <= 65535, "a TCP port, 0 to 65535 (0 = a free one)"),
+    (("http_threads",), lambda v: v >= 1, "an integer >= 1 (the server's worker threads)"),
+    (("max_chars",), lambda v: v >= 1, "an integer >= 1 (the longest request text)"),
+)
+
+
 def _evaluate_problems(cfg: Any) -> list[str]:
-    problems = _decode_problems(cfg)
-    if cfg.bootstrap_samples < 1:  # 0 printed "p = 1.0000 (not significant)" from no resamples at all
-        problems.append(f"bootstrap_samples={cfg.bootstrap_samples}: expected an integer >= 1 (sacrebleu uses 1000)")
-    return problems
+    return _decode_problems(cfg) + _range_problems(cfg, {"": _EVALUATE_RANGES})
 
 
 def _serve_problems(cfg: Any) -> list[str]:
-    problems = _decode_problems(cfg)
-    if not 0 <= cfg.port <= 65535:  # the socket layer would take it modulo 65536: port=80000 served on 14464
-        problems.append(f"port={cfg.port}: expected a TCP port, 0 to 65535 (0 = a free one)")
-    if cfg.http_threads < 1:
-        problems.append(f"http_threads={cfg.http_threads}: the server needs at least 1 worker thread")
-    if cfg.max_chars < 1:
-        problems.append(f"max_chars={cfg.max_chars}: expected an integer >= 1 (the longest request text)")
-    return problems
+    return _decode_problems(cfg) + _range_problems(cfg, {"": _SERVE_RANGES})
 
 
 _COMMAND_PROBLEMS = {

@@ -221,12 +221,12 @@ RESUME_MAY_CHANGE = (
     "trainer.plot_attention",
     "trainer.checkpoint_minutes",
     "trainer.threads",
-    "trainer.average_last",  # these four act only once training has ended
+    "trainer.average_last",  # these act only once training has ended
     "trainer.tune_decoding",
     "trainer.tune_beam_sizes",
     "trainer.tune_length_penalties",
     "trainer.tune_min_bleu",
-    "trainer.shortlist",  # and these three
+    "trainer.shortlist",
     "trainer.shortlist_frequent",
     "trainer.shortlist_per_source",
     "device",
