@@ -32,7 +32,7 @@ from nmt.models.rnn import KEPT_ON_RESUME, pin_kernel_choices
 from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.schedules import BudgetDecay
-from nmt.trainer import FitResult
+from nmt.trainer import FitResult, Trainer
 from nmt.training import build_finisher, build_trainer, config_changes
 
 log = logging.getLogger("nmt.train")  # the command's voice: its lines read [nmt.train]
@@ -180,6 +180,30 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
                 f"resuming {resume_from[0]} with a different config ({'; '.join(changed)}); "
                 "name intended changes in trainer.allow_changes=[KEY,...] or use a new hydra.run.dir"
             )
+    # wandb starts before the minutes of sentencepiece and model building: a wandb that cannot (no API key for
+    # wandb.mode=online, its servers unreachable) fails this command in seconds, with nothing trained
+    logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume) if d.is_main else None
+    try:  # the logger's one owner: finished here, whatever happens
+        result, trainer, finisher = _train(cfg, plain, specs, resume_from, rundir, d, device, logger)
+    finally:
+        if logger is not None:
+            logger.finish()
+    return finish(result, trainer, rundir, overrides, finisher)
+
+
+def _train(
+    cfg: DictConfig,
+    plain: dict,
+    specs: dict,
+    resume_from: tuple | None,
+    rundir: RunDir,
+    d: Dist,
+    device: torch.device,
+    logger: RunLogger | None,
+) -> tuple[FitResult, Trainer, Finisher]:
+    """Tokenizer, model, trainer and batch stream for a run whose directory, resume point and logger are settled,
+    then the training; returns what ``finish`` needs."""
+    if resume_from is not None:
         tokenizer = Tokenizer.from_state_dict(resume_from[1]["tokenizer"])  # the run's own pieces
     else:  # trained once, on rank 0; every rank gets the same pieces
         state = None
@@ -206,20 +230,15 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
         device,
     )
     valid = load_pairs(specs["valid"])
-    logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume) if d.is_main else None
-    try:  # the logger's one owner: finished here, whatever happens
-        trainer = build_trainer(cfg, plain, model, tokenizer, valid, rundir, device, d, logger)
-        if resume_from is not None:
-            trainer.load_state(*resume_from, seed=cfg.seed)
-        loader = build_loader(
-            cfg, specs["train"], tokenizer, device, trainer.shards, trainer.num_shards, trainer.data_starts()
-        )
-        log.info("%s", stop_rule(cfg.trainer))
-        result = trainer.fit(loader)
-    finally:
-        if logger is not None:
-            logger.finish()
-    return finish(result, trainer, rundir, overrides, build_finisher(cfg.trainer, rundir, specs["train"], tokenizer))
+    trainer = build_trainer(cfg, plain, model, tokenizer, valid, rundir, device, d, logger)
+    if resume_from is not None:
+        trainer.load_state(*resume_from, seed=cfg.seed)
+    loader = build_loader(
+        cfg, specs["train"], tokenizer, device, trainer.shards, trainer.num_shards, trainer.data_starts()
+    )
+    log.info("%s", stop_rule(cfg.trainer))
+    result = trainer.fit(loader)
+    return result, trainer, build_finisher(cfg.trainer, rundir, specs["train"], tokenizer)
 
 
 def stop_rule(t) -> str:

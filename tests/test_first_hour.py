@@ -217,7 +217,8 @@ def test_resume_with_only_damaged_checkpoints_stops_and_changes_nothing(tmp_path
 
 def test_wandb_online_without_an_api_key_is_one_line(tmp_path, sample_dir):
     """wandb.mode=online with no key configured ended in wandb's UsageError traceback; now one line with the
-    ways out. HOME is a fresh folder (no ~/.netrc) and no WANDB_* variable is set."""
+    ways out, before the sentencepiece model and the network are built (a wandb that cannot start used to fail
+    only after them). HOME is a fresh folder (no ~/.netrc) and no WANDB_* variable is set."""
     e = {k: v for k, v in env(tmp_path / "cache").items() if not k.startswith("WANDB_")}
     e.update(HOME=str(tmp_path), PYTHONPATH=str(REPO))
     args = [
@@ -233,6 +234,7 @@ def test_wandb_online_without_an_api_key_is_one_line(tmp_path, sample_dir):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "wandb.mode=online: No API key configured" in proc.stderr, proc.stderr[-3000:]
     assert "wandb.mode=offline logs into the run directory" in proc.stderr
+    assert "sentencepiece" not in proc.stderr and "parameters, device cpu" not in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "run").exists()  # nothing was trained: no folder left behind
 
 
