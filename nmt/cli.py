@@ -4,7 +4,9 @@
 (and so before the corpus, sentencepiece or wandb are touched), the launcher composes the config from
 the command line with Hydra's compose API and stops with one line per mistake, exit status 2:
 
-- an unknown key or config option: ``unknown key 'trainer.max_step' — did you mean trainer.max_steps?``
+- an unknown key or config option: ``unknown key 'trainer.max_step' — did you mean trainer.max_steps?``, or, with
+  no near miss, where the keys are (``--cfg job --package trainer``; a small command's keys by name);
+- a section given one value (``trainer=x``; a ``{key: value}`` dict is Hydra's and passes);
 - a mandatory key left out (``checkpoint``, evaluate's ``input``, average's ``output``);
 - a bad value: ``nmt.config.validate`` (every choice key with its allowed values, cheap structural rules).
 
@@ -231,6 +233,32 @@ def _one_line(e: BaseException) -> str:
     return first[0] + (f": {cause[0]}" if cause and cause[0] not in first[0] else "")
 
 
+def near_key(key: str, keys: Sequence[str], groups: dict) -> str | None:
+    """A did-you-mean for an unknown key: within its section when the section exists ('trainer.max_step' →
+    trainer.max_steps, and not some other section's key that merely shares the prefix), or the same leaf in
+    another section ('trainer.hidden_size' → encoder.hidden_size); else the closest key or config group."""
+    section, _, leaf = key.rpartition(".")
+    inside = [k[len(section) + 1 :] for k in keys if section and k.startswith(section + ".")]
+    if inside:
+        hit = did_you_mean(leaf, inside)
+        if hit:
+            return f"{section}.{hit}"
+        same_leaf = [k for k in keys if k.rpartition(".")[2] == leaf]
+        return same_leaf[0] if same_leaf else None
+    return did_you_mean(key, [*keys, *(f"{g}=" for g in groups)])
+
+
+def where_keys_are(cmd: Command, key: str, keys: Sequence[str]) -> str:
+    """For an unknown key with no near miss: the command's keys when they are few, else the command that
+    prints the ones of the key's section (or all of them)."""
+    if len(keys) <= 8:
+        return f"the keys of {cmd.module}: {', '.join(keys)}"
+    section = key.split(".", 1)[0]
+    if "." in key and any(k.startswith(section + ".") for k in keys):
+        return f"python -m {cmd.module} --cfg job --package {section} prints the keys of {section} with their values"
+    return f"python -m {cmd.module} --cfg job prints every key with its value"
+
+
 def check_overrides(cmd: Command, overrides: Sequence[Any]) -> list[str]:
     """Unknown keys and config options (with a did-you-mean), and swept values outside a choice key's table."""
     keys, groups = schema_keys(cmd.schema), dict(cmd.groups)
@@ -250,8 +278,16 @@ def check_overrides(cmd: Command, overrides: Sequence[Any]) -> list[str]:
                         f"{', '.join(options)}" + (f" — did you mean {key}={hint}?" if hint else "")
                     )
         elif key not in keys:
-            hint = did_you_mean(key, keys + [f"{g}=" for g in groups])
-            problems.append(f"unknown key '{key}'" + (f" — did you mean {hint.rstrip('=')}?" if hint else ""))
+            hint = near_key(key, keys, groups)
+            problems.append(
+                f"unknown key '{key}'"
+                + (f" — did you mean {hint.rstrip('=')}?" if hint else f" ({where_keys_are(cmd, key, keys)})")
+            )
+        elif (
+            any(k.startswith(key + ".") for k in keys) and not o.is_sweep_override() and not isinstance(o.value(), dict)
+        ):
+            some = [k for k in keys if k.startswith(key + ".")][:3]
+            problems.append(f"{key} is a section, not a key: set its keys one by one ({', '.join(some)}, ...)")
         elif o.is_sweep_override() and allowed(key):
             problems += [p for p in map(functools.partial(bad_choice, key), values) if p]
     return problems

@@ -154,3 +154,36 @@ def test_an_unreachable_hub_dataset_is_one_line(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "data.hub_path=Helsinki-NLP/opus-100 (data.hub_name=en-es, split train): Couldn't reach" in proc.stderr
     assert "data.source=tsv data.dir=DIR" in proc.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "command,override,expect",
+    [
+        # a key of another section: the same leaf there, not the nearest string in this one
+        ("train", "trainer.hidden_size=3", "unknown key 'trainer.hidden_size' — did you mean encoder.hidden_size?"),
+        # no near miss inside an existing section: where to read that section's keys (not "did you mean trainer?")
+        ("train", "trainer.foo=1", "unknown key 'trainer.foo' (python -m nmt.train --cfg job --package trainer "),
+        ("train", "foo.bar=1", "unknown key 'foo.bar' (python -m nmt.train --cfg job prints every key"),
+        # a command with a handful of keys names them all
+        (
+            "average",
+            "inputs=[a.pt]",
+            "unknown key 'inputs' (the keys of nmt.average: output, checkpoints, run_dir, last)",
+        ),
+        # a whole section given a plain value: Hydra's "str is not a subclass of TrainerConfig" before
+        ("train", "trainer=x", "trainer is a section, not a key: set its keys one by one (trainer.max_steps, "),
+    ],
+)
+def test_an_unknown_key_without_a_near_miss_says_where_the_keys_are(command, override, expect):
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS[command], ["output=x.pt", override] if command == "average" else [override])
+    assert len(e.value.lines) == 1 and e.value.lines[0].startswith(expect), e.value.lines
+
+
+def test_a_section_may_still_be_set_as_a_whole_dict():
+    from nmt.cli import COMMANDS, preflight
+
+    cfg = preflight(COMMANDS["train"], ["trainer={lr: 2e-3, max_steps: 7}"])
+    assert cfg.trainer.lr == 2e-3 and cfg.trainer.max_steps == 7
