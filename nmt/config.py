@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -171,6 +172,12 @@ class TrainerConfig:
     resume: bool = False  # continue from last.pt of hydra.run.dir (without it: the newest run of this command)
     # Keys that may differ from the checkpoint's config on resume (besides limits, device, logging).
     allow_changes: list[str] = field(default_factory=list)
+    # Start from a trained checkpoint's weights and sentencepiece pieces (best.pt, averaged.pt, last.pt, a
+    # step_N.pt) with a fresh optimiser, schedule and step count: fine-tuning on other data (data.dir) or
+    # training on with other settings. The model and tokenizer keys must be the checkpoint's run's (dropout
+    # rates, model.rnn_impl and subword sampling may differ); nmt.training.load_init checks them before any
+    # work. A resumed run ignores it (it continues from its own checkpoint).
+    init_from: str | None = None
     # step_N.pt checkpoints kept besides last.pt (everything, to resume) and best.pt (weights only, to translate);
     # each is a full copy (~3x the weights with Adam's moments): keep some to average them (nmt.average).
     keep_last: int = 0
@@ -489,6 +496,12 @@ def _train_problems(cfg: Any) -> list[str]:
         problems.append(f"trainer.betas={list(cfg.trainer.betas)}: expected two numbers in [0, 1), e.g. [0.9,0.999]")
     if cfg.data.num_workers not in (0, 1):
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
+    # (not on resume: a run that has its own checkpoint no longer reads it, and may outlive the file)
+    if cfg.trainer.init_from and not cfg.trainer.resume and not Path(cfg.trainer.init_from).expanduser().is_file():
+        problems.append(
+            f"trainer.init_from={cfg.trainer.init_from}: no such file (expected a checkpoint: "
+            "RUN_DIR/checkpoints/best.pt, averaged.pt or last.pt)"
+        )
     if cfg.data.source == "hub" and not cfg.data.hub_path:
         problems.append("data.source=hub needs data.hub_path (e.g. Helsinki-NLP/opus-100)")
     problems += _model_problems(cfg)

@@ -33,7 +33,7 @@ from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.schedules import BudgetDecay
 from nmt.trainer import FitResult, Trainer
-from nmt.training import build_finisher, build_trainer, config_changes
+from nmt.training import build_finisher, build_trainer, config_changes, load_init
 
 log = logging.getLogger("nmt.train")  # the command's voice: its lines read [nmt.train]
 
@@ -180,11 +180,12 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
                 f"resuming {resume_from[0]} with a different config ({'; '.join(changed)}); "
                 "name intended changes in trainer.allow_changes=[KEY,...] or use a new hydra.run.dir"
             )
+    init = load_init(cfg.trainer.init_from, plain) if cfg.trainer.init_from and resume_from is None else None
     # wandb starts before the minutes of sentencepiece and model building: a wandb that cannot (no API key for
     # wandb.mode=online, its servers unreachable) fails this command in seconds, with nothing trained
     logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume) if d.is_main else None
     try:  # the logger's one owner: finished here, whatever happens
-        result, trainer, finisher = _train(cfg, plain, specs, resume_from, rundir, d, device, logger)
+        result, trainer, finisher = _train(cfg, plain, specs, resume_from, init, rundir, d, device, logger)
     finally:
         if logger is not None:
             logger.finish()
@@ -196,6 +197,7 @@ def _train(
     plain: dict,
     specs: dict,
     resume_from: tuple | None,
+    init: dict | None,
     rundir: RunDir,
     d: Dist,
     device: torch.device,
@@ -205,6 +207,8 @@ def _train(
     then the training; returns what ``finish`` needs."""
     if resume_from is not None:
         tokenizer = Tokenizer.from_state_dict(resume_from[1]["tokenizer"])  # the run's own pieces
+    elif init is not None:
+        tokenizer = Tokenizer.from_state_dict(init["tokenizer"])  # trainer.init_from: the pieces its weights index
     else:  # trained once, on rank 0; every rank gets the same pieces
         state = None
         if d.is_main:
@@ -229,6 +233,14 @@ def _train(
         f"{count_parameters(model):,}",
         device,
     )
+    if init is not None:
+        model.load_state_dict(init["model"])
+        log.info(
+            "initialised from %s (step %s of its run): its weights and sentencepiece pieces; the optimiser, the "
+            "learning-rate schedule and the step count start afresh",
+            cfg.trainer.init_from,
+            init.get("progress", {}).get("step", "?"),
+        )
     valid = load_pairs(specs["valid"])
     trainer = build_trainer(cfg, plain, model, tokenizer, valid, rundir, device, d, logger)
     if resume_from is not None:

@@ -2,8 +2,8 @@
 finisher that averages, tunes decoding and stores a vocabulary shortlist once training has ended.
 
 The one place that reads the ``trainer`` config section; ``nmt.trainer`` gets plain objects.
-Also: which config changes a resumed run may make, and which earlier run a bare
-``trainer.resume=true`` continues.
+Also: which config changes a resumed run may make, which earlier run a bare ``trainer.resume=true``
+continues, and what a checkpoint named by ``trainer.init_from`` must share with the run it starts.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -232,12 +233,58 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# ---- starting from another run's checkpoint (trainer.init_from) ----
+
+# The config sections a checkpoint's weights and pieces were made with, and the keys in them that do not shape
+# either (regularisers, the RNN implementation, subword sampling, the cache): trainer.init_from needs the rest equal.
+INIT_SECTIONS = ("encoder", "decoder", "attention", "model", "tokenizer")
+INIT_MAY_DIFFER = (
+    "encoder.dropout",
+    "encoder.emb_dropout",
+    "decoder.dropout",
+    "decoder.emb_dropout",
+    "model.rnn_impl",
+    "tokenizer.sample_alpha",
+    "tokenizer.sample_nbest",
+    "tokenizer.sample_size",  # how many sentences sentencepiece was trained on: the pieces come with the weights
+    "tokenizer.cache_dir",
+)
+
+
+def load_init(path: str, plain: dict) -> dict:
+    """The checkpoint ``trainer.init_from`` names (weights, tokenizer and its run's config), checked against this
+    run's model and tokenizer keys (``INIT_SECTIONS`` less ``INIT_MAY_DIFFER``) before anything is built; a
+    difference is one ConfigError naming each key with both values."""
+    from nmt import checkpoint
+
+    init = checkpoint.load(Path(path).expanduser())
+    a, b = _with_defaults(init["config"], plain), flatten(plain)
+    differ = [
+        f"{k}={a.get(k, '<absent>')} there, {b.get(k, '<absent>')} here"
+        for k in sorted(set(a) | set(b))
+        if k.split(".")[0] in INIT_SECTIONS and k not in INIT_MAY_DIFFER and a.get(k) != b.get(k)
+    ]
+    if differ:
+        raise ConfigError(
+            f"trainer.init_from={path}: its weights and pieces were made with other settings ({'; '.join(differ)}); "
+            "give the settings of the checkpoint's run (the same experiment=... and overrides)"
+        )
+    return init
+
+
+def _with_defaults(saved: dict, current: dict) -> dict[str, Any]:
+    """A saved config flattened, with the schema default for each key it lacks (its checkpoint was written before
+    the key existed, so that run did what the default does)."""
+    a, b = flatten(saved), flatten(current)
+    a.update({k: v for k, v in flatten(dataclasses.asdict(TrainConfig())).items() if k not in a and k in b})
+    return a
+
+
 def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[str]:
     """Keys whose values differ between two configs, minus those allowed to change. A key the saved
     config lacks (its checkpoint was written before the key existed) counts as its schema default,
     which is what that run did, so adding a key with an old-behaviour default never blocks a resume."""
-    a, b = flatten(saved), flatten(current)
-    a.update({k: v for k, v in flatten(dataclasses.asdict(TrainConfig())).items() if k not in a and k in b})
+    a, b = _with_defaults(saved, current), flatten(current)
     ok = RESUME_MAY_CHANGE + tuple(allowed)
     return [
         f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"

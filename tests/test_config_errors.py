@@ -187,3 +187,17 @@ def test_a_section_may_still_be_set_as_a_whole_dict():
 
     cfg = preflight(COMMANDS["train"], ["trainer={lr: 2e-3, max_steps: 7}"])
     assert cfg.trainer.lr == 2e-3 and cfg.trainer.max_steps == 7
+
+
+def test_init_from_a_missing_file_is_refused_unless_resuming(tmp_path):
+    """A fresh run must find the checkpoint it starts from; a resumed one continues from its own and no longer
+    reads it (the file may have been moved since)."""
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS["train"], [f"trainer.init_from={tmp_path}/gone.pt"])
+    assert e.value.lines == [
+        f"trainer.init_from={tmp_path}/gone.pt: no such file (expected a checkpoint: "
+        "RUN_DIR/checkpoints/best.pt, averaged.pt or last.pt)"
+    ]
+    preflight(COMMANDS["train"], [f"trainer.init_from={tmp_path}/gone.pt", "trainer.resume=true"])

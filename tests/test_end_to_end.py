@@ -164,6 +164,45 @@ def test_resume_continues_from_the_saved_step(trained, tmp_path):
     assert [r["step"] for r in records(copy)] == [40, 80, 120, 140]
 
 
+def test_init_from_starts_a_new_run_from_a_checkpoints_weights_and_pieces(trained, tmp_path, sample_dir):
+    """Fine-tuning: trainer.init_from takes the weights and sentencepiece pieces of another run's checkpoint, with
+    a fresh optimiser and step count; a dropout rate may differ. At a learning rate of 1e-12 the weights barely
+    move, so the new run's last.pt must still hold best.pt's weights (a model initialised afresh would not)."""
+    run, cache, _ = trained
+    best = checkpoint.load(run / "checkpoints" / "best.pt")
+    new = tmp_path / "ft"
+    tiny = [x for x in TINY if not x.startswith("trainer.lr=")]
+    args = [f"data.dir={sample_dir}", *tiny, "trainer.lr=1e-12", "trainer.max_steps=3", "encoder.dropout=0.3"]
+    proc = run_module(
+        "nmt.train", [*args, f"trainer.init_from={run}/checkpoints/best.pt", f"hydra.run.dir={new}"], cache
+    )
+    step = best["progress"]["step"]
+    assert f"initialised from {run}/checkpoints/best.pt (step {step} of its run)" in proc.stderr, proc.stderr[-3000:]
+    # the pieces come with the weights: none trained or looked up
+    assert "trained sentencepiece" not in proc.stderr and "reusing sentencepiece" not in proc.stderr
+    last = checkpoint.load(new / "checkpoints" / "last.pt")
+    assert last["progress"]["step"] == 3 and last["tokenizer"] == best["tokenizer"]
+    for k, w in best["model"].items():
+        torch.testing.assert_close(last["model"][k], w, rtol=0, atol=1e-8, msg=k)
+
+
+def test_init_from_a_checkpoint_of_another_shape_is_one_line_before_any_work(trained, tmp_path, sample_dir):
+    run, cache, _ = trained
+    new = tmp_path / "ft"
+    args = [f"data.dir={sample_dir}", *TINY, "encoder.hidden_size=48", "tokenizer.vocab_size=400"]
+    proc = run_module(
+        "nmt.train",
+        [*args, f"trainer.init_from={run}/checkpoints/best.pt", f"hydra.run.dir={new}"],
+        cache,
+        check=False,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if "[ERROR]" in x]
+    assert "encoder.hidden_size=32 there, 48 here; tokenizer.vocab_size=300 there, 400 here" in line, line
+    assert "trained sentencepiece" not in proc.stderr and "reusing sentencepiece" not in proc.stderr
+    assert "parameters" not in proc.stderr and not new.exists()
+
+
 def checkpoint_data_dir(run):
     return checkpoint.load(run / "checkpoints" / "last.pt")["config"]["data"]["dir"]
 
