@@ -95,6 +95,7 @@ COMMANDS = {
                 "trainer.lr",
                 "trainer.amp",
                 "trainer.resume",
+                "trainer.init_from",
                 "encoder.cell",
                 "encoder.hidden_size",
                 "decoder.hidden_size",
@@ -108,6 +109,7 @@ COMMANDS = {
                 "python -m nmt.train trainer.max_minutes=10 experiment=cpu_small",
                 "python -m nmt.train -m attention=dot,general,concat,bahdanau   # a sweep",
                 "python -m nmt.train hydra.run.dir=outputs/run1 trainer.resume=true",
+                "python -m nmt.train data.dir=my/data trainer.init_from=outputs/run1/checkpoints/best.pt  # fine-tune",
             ),
             (
                 ("attention", "the attention score (default bahdanau)"),

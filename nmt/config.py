@@ -172,11 +172,8 @@ class TrainerConfig:
     resume: bool = False  # continue from last.pt of hydra.run.dir (without it: the newest run of this command)
     # Keys that may differ from the checkpoint's config on resume (besides limits, device, logging).
     allow_changes: list[str] = field(default_factory=list)
-    # Start from a trained checkpoint's weights and sentencepiece pieces (best.pt, averaged.pt, last.pt, a
-    # step_N.pt) with a fresh optimiser, schedule and step count: fine-tuning on other data (data.dir) or
-    # training on with other settings. The model and tokenizer keys must be the checkpoint's run's (dropout
-    # rates, model.rnn_impl and subword sampling may differ); nmt.training.load_init checks them before any
-    # work. A resumed run ignores it (it continues from its own checkpoint).
+    # Start from a checkpoint's weights and sentencepiece pieces with a fresh optimiser, schedule and step count
+    # (fine-tuning); model and tokenizer keys as in its run (dropout rates may differ). A resume ignores it.
     init_from: str | None = None
     # step_N.pt checkpoints kept besides last.pt (everything, to resume) and best.pt (weights only, to translate);
     # each is a full copy (~3x the weights with Adam's moments): keep some to average them (nmt.average).
