@@ -246,6 +246,13 @@ class DecodeConfig:
     # at the next step (faster under a length penalty; may miss a longer best hypothesis; nmt.search).
     # unset: the checkpoint's choice on valid (early only where it lost no BLEU there), else exact.
     stop: str | None = None
+    # Sample each next piece from the model instead of searching (back-translation: Edunov et al. 2018): one
+    # output per line, beam_size unset or 1. The same line with the same sample_seed draws the same output.
+    sample: bool = False
+    sample_topk: int = 0  # sample from the k most probable pieces (0 = all)
+    sample_topp: float = 1.0  # sample from the smallest set of pieces holding this probability (nucleus; 1 = all)
+    temperature: float = 1.0  # sharpens (< 1) or flattens (> 1) the distribution sampled from
+    sample_seed: int = 0
     max_input_len: int = 256  # source pieces kept per line; longer lines are truncated with a warning
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
@@ -612,6 +619,7 @@ def _decode_problems(cfg: Any) -> list[str]:
         problems.append(f"n_best={cfg.n_best} needs 1 <= n_best <= beam_size (got beam_size={cfg.beam_size})")
     if cfg.get("batch_size", 1) < 1:
         problems.append(f"batch_size={cfg.batch_size}: expected an integer >= 1")
+    problems += _sampling_decode_problems(cfg)
     problems += _range_problems(cfg, {"": _DECODE_RANGES})  # the search's numbers: nonsense otherwise, or a traceback
     if cfg.min_len_ratio > cfg.max_len_ratio:
         problems.append(
@@ -619,6 +627,29 @@ def _decode_problems(cfg: Any) -> list[str]:
             "allowed output would be longer than its longest"
         )
     return problems
+
+
+def _sampling_decode_problems(cfg: Any) -> list[str]:
+    """sample=true draws one output per line; its keys mean nothing without it."""
+    if not cfg.sample:
+        given = [f"{k}={cfg[k]}" for k, off in _SAMPLE_OFF.items() if cfg[k] != off]
+        return [f"{', '.join(given)}: only used with sample=true (sampling instead of beam search)"] if given else []
+    problems = []
+    if cfg.beam_size not in (None, 1) or cfg.n_best != 1:
+        problems.append(
+            f"sample=true draws one output per line: leave beam_size unset or 1 and n_best at 1 "
+            f"(got beam_size={cfg.beam_size}, n_best={cfg.n_best})"
+        )
+    if cfg.sample_topk < 0:
+        problems.append(f"sample_topk={cfg.sample_topk}: expected an integer >= 0 (0 = all pieces)")
+    if not 0.0 < cfg.sample_topp <= 1.0:
+        problems.append(f"sample_topp={cfg.sample_topp}: expected a probability in (0, 1] (1 = all pieces)")
+    if not cfg.temperature > 0.0:
+        problems.append(f"temperature={cfg.temperature}: expected a number > 0 (1 = the model's distribution)")
+    return problems
+
+
+_SAMPLE_OFF = {"sample_topk": 0, "sample_topp": 1.0, "temperature": 1.0, "sample_seed": 0}
 
 
 _DECODE_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (

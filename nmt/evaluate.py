@@ -92,7 +92,7 @@ def paired_bootstrap(hyps: list[str], base: list[str], refs: list[str], n_sample
     }
 
 
-def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
+def format_table(checkpoint: str, test: str, beam: int | str, s: dict) -> str:
     rows = [
         ("BLEU", s["bleu"], s["bleu_signature"]),
         ("chrF", s["chrf"], s["chrf_signature"]),
@@ -104,7 +104,7 @@ def format_table(checkpoint: str, test: str, beam: int, s: dict) -> str:
             (f"BLEU multi-ref ({m['sources']} sources, <= {m['max_refs']} refs)", m["bleu"], m["bleu_signature"])
         )
     lines = [
-        f"{checkpoint} on {test} ({s['lines']} lines, beam {beam})",
+        f"{checkpoint} on {test} ({s['lines']} lines, {beam if isinstance(beam, str) else f'beam {beam}'})",
         "| metric | score | signature |",
         "|---|---:|---|",
     ]
@@ -138,6 +138,10 @@ def main(cfg: DictConfig) -> None:
     s = score(hyps, sources, refs)
     beam, alpha, stop = tr.search.beam_size, tr.search.alpha, tr.search.stop  # as given, else the checkpoint's (logged)
     s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=beam, length_penalty=alpha, stop=stop)
+    o = tr.search
+    if o.sample:  # the table and the json say what was drawn, not a beam
+        s.update(sample=True, sample_topk=o.sample_topk, sample_topp=o.sample_topp, temperature=o.temperature)
+        s.update(sample_seed=o.sample_seed)
     if cfg.baseline:
         if model_baseline:
             same = {"checkpoint": model_baseline, "ensemble": [], "beam_size": beam, "length_penalty": alpha}
@@ -150,7 +154,7 @@ def main(cfg: DictConfig) -> None:
         if len(base) != len(hyps):
             raise NmtError(f"{cfg.baseline}: {len(base)} lines, expected one per line of {cfg.input} ({len(hyps)})")
         s["paired_bootstrap"] = paired_bootstrap(hyps, base, refs, cfg.bootstrap_samples)
-    print(format_table(cfg.checkpoint, cfg.input, beam, s))
+    print(format_table(cfg.checkpoint, cfg.input, f"sampled, seed {o.sample_seed}" if o.sample else beam, s))
     if cfg.hypotheses:
         Path(cfg.hypotheses).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     if cfg.json:

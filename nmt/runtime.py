@@ -70,6 +70,25 @@ def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions,
     ``beam_size`` given, the beam widens to ``n_best``.
     """
     stored = stored or {}
+    if cfg.get("sample", False):  # one draw per line: no beam, no length penalty (nmt.search)
+        options = SearchOptions(
+            beam_size=1,
+            max_len_ratio=cfg.max_len_ratio,
+            min_len_ratio=cfg.min_len_ratio,
+            no_repeat_ngram=cfg.no_repeat_ngram,
+            sample=True,
+            sample_topk=cfg.sample_topk,
+            sample_topp=cfg.sample_topp,
+            temperature=cfg.temperature,
+            sample_seed=cfg.sample_seed,
+        )
+        top = [f"top-k {cfg.sample_topk}"] * bool(cfg.sample_topk) + [f"top-p {cfg.sample_topp:g}"] * (
+            cfg.sample_topp < 1
+        )
+        return options, (
+            f"sampling at temperature {cfg.temperature:g} from {' and '.join(top) or 'all pieces'}, "
+            f"sample_seed={cfg.sample_seed} (the same line and seed draw the same output)"
+        )
     beam = cfg.beam_size if cfg.beam_size is not None else stored.get("beam_size", DEFAULT_SEARCH.beam_size)
     if cfg.beam_size is None:
         beam = max(beam, cfg.n_best)

@@ -15,6 +15,13 @@ open_score / lp(max_len) (coverage penalty ≤ 0 bounded by 0) is an upper bound
 hypothesis it can still become. Stopping at the first ``n_best`` finished hypotheses, as
 many toolkits do, is wrong under a length penalty: a longer open beam may still win.
 
+Sampling (``sample=True``, beam size 1) draws each next token from the model's distribution instead of taking
+the best: at a temperature, from the k most probable (top-k; Fan et al. 2018) and/or the smallest set holding
+probability p (top-p, nucleus; Holtzman et al. 2020). Back-translation from samples trains better models than
+from beam search (Edunov et al. 2018, "Understanding Back-Translation at Scale"). Each sentence draws from its
+own generator, seeded by the seed and its source ids: the same line with the same seed gets the same sample
+whatever the batch, process or order it is decoded in.
+
 ``stop="early"`` trades that guarantee for speed: an open beam counts as beatable once it could
 not overtake by ending at the very next step (open_score / lp(t + 1)), the heuristic of Hugging
 Face's ``early_stopping=False``. With α = 0 both rules are the same (the bound is exact); with
@@ -24,6 +31,7 @@ Face's ``early_stopping=False``. With α = 0 both rules are the same (the bound 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,10 +65,17 @@ class SearchOptions:
     max_len_cap: int = 0  # absolute cap on generated tokens (0 = none)
     no_repeat_ngram: int = 0  # block any n-gram of this size from occurring twice (0 = off)
     stop: str = "exact"  # exact: stop when no open beam can still win | early: ... by ending next step
+    sample: bool = False  # draw each token instead of searching (beam_size 1; see the module docstring)
+    sample_topk: int = 0  # sample: from the k most probable tokens (0 = all)
+    sample_topp: float = 1.0  # sample: from the smallest set of tokens holding this probability (1 = all)
+    temperature: float = 1.0  # sample: p ** (1 / temperature), renormalised
+    sample_seed: int = 0  # sample: with a sentence's source ids, seeds its draws
 
     def __post_init__(self) -> None:
         if self.stop not in STOP_RULES:
             raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, not {self.stop!r}")
+        if self.sample and (self.beam_size != 1 or self.n_best != 1):
+            raise ValueError("sampling draws one hypothesis per sentence: beam_size and n_best must be 1")
 
 
 STOP_RULES = ("exact", "early")
@@ -165,6 +180,44 @@ def best_candidates(
     return top, origin, beam_tok.view(n, K * per_beam).gather(1, idx)
 
 
+def sentence_generators(src: torch.Tensor, src_len: torch.Tensor, seed: int) -> list[torch.Generator]:
+    """One CPU generator per sentence of src [B, S], seeded by ``seed`` and the sentence's own source ids (a
+    stable hash, not Python's), so its draws do not depend on the batch, process or order it is decoded in."""
+    gens = []
+    for row, n in zip(src.tolist(), src_len.tolist()):
+        digest = hashlib.blake2b(repr((seed, row[:n])).encode(), digest_size=8).digest()
+        gens.append(torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1)))
+    return gens
+
+
+def sampled_candidates(
+    scores: torch.Tensor, logp: torch.Tensor, opts: SearchOptions, gens: list[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``best_candidates`` for sampling (one beam per sentence): each row draws one token from softmax(logp / T)
+    restricted to its top k / top p, by inverse CDF with one uniform from its own generator. Returns (score +
+    log p of the drawn token, row, token), each [n, 2]: the second column is an empty candidate (-inf), so
+    that beam search's bookkeeping (the K = 1 best of 2K) runs unchanged. Masked tokens (-inf) are never drawn.
+    """
+    n, V = logp.shape
+    z = logp / opts.temperature
+    if 0 < opts.sample_topk < V:
+        vals, cols = z.topk(opts.sample_topk, dim=1)  # sorted, best first
+    elif opts.sample_topp < 1.0:
+        vals, cols = z.sort(dim=1, descending=True)
+    else:
+        vals, cols = z, None
+    probs = torch.softmax(vals.double(), dim=1)
+    if opts.sample_topp < 1.0:  # keep a token while the mass before it is below p (so the best is always kept)
+        probs = probs.masked_fill(probs.cumsum(1) - probs >= opts.sample_topp, 0.0)
+    cdf = probs.cumsum(1)
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in gens]).to(cdf.device)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).clamp(max=cdf.size(1) - 1)
+    tok = pick if cols is None else cols.gather(1, pick)  # [n, 1]
+    rows = torch.arange(n, device=logp.device).unsqueeze(1)
+    top = torch.cat([scores + logp.gather(1, tok), torch.full_like(scores, NEG_INF)], dim=1)
+    return top, torch.cat([rows, rows], dim=1), torch.cat([tok, torch.full_like(tok, PAD)], dim=1)
+
+
 @torch.no_grad()
 def beam_search(
     model: Searchable,
@@ -199,6 +252,7 @@ def beam_search(
     # the CPU fast path's selection where the model runs it (Seq2Seq.fast_search), else the plain one
     topk = blocked_topk if getattr(model, "fast_search", False) else row_topk
     state = model.start(src, src_len) if vocab is None else model.start(src, src_len, vocab)
+    gens = sentence_generators(src.cpu(), src_len.cpu(), opts.sample_seed) if opts.sample else []
     active = torch.arange(B, device=dev)  # sentences still searching
     # A sentence's K beams start identical, so the first step runs once per sentence and its output and
     # state are copied to the K beams ([B] -> [B*K] rows, sentence-major), not computed K times.
@@ -237,7 +291,10 @@ def beam_search(
             coverage = coverage + w.float()
             if return_attention:
                 att_hist.append(w.float())
-        top, origin, tok = best_candidates(scores, logp, 2 * K, topk)  # [n, 2K] each
+        if opts.sample:
+            top, origin, tok = sampled_candidates(scores, logp, opts, gens)  # [n, 2] each
+        else:
+            top, origin, tok = best_candidates(scores, logp, 2 * K, topk)  # [n, 2K] each
         if vocab is not None:
             tok = vocab[tok]  # shortlist positions -> target ids
         is_eos = (tok == EOS) & (top > NEG_INF)
@@ -291,6 +348,7 @@ def beam_search(
             break
         if not bool(keep.all()):  # finished sentences leave the batch: later steps do less work
             active, scores = active[keep], scores[keep]
+            gens = [g for g, k in zip(gens, keep.tolist()) if k] if gens else gens
             sel = keep.repeat_interleave(K).nonzero(as_tuple=True)[0]
             y, hist, state, src_mask = y[sel], hist[sel], state.index_select(sel), src_mask[sel]
             if need_att:

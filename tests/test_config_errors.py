@@ -201,3 +201,23 @@ def test_init_from_a_missing_file_is_refused_unless_resuming(tmp_path):
         "RUN_DIR/checkpoints/best.pt, averaged.pt or last.pt)"
     ]
     preflight(COMMANDS["train"], [f"trainer.init_from={tmp_path}/gone.pt", "trainer.resume=true"])
+
+
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        (["sample=true", "beam_size=5"], "sample=true draws one output per line: leave beam_size unset or 1"),
+        (["sample=true", "n_best=2", "beam_size=2"], "sample=true draws one output per line"),
+        (["sample_topk=10"], "sample_topk=10: only used with sample=true"),
+        (["temperature=0.7", "sample_seed=3"], "temperature=0.7, sample_seed=3: only used with sample=true"),
+        (["sample=true", "temperature=0"], "temperature=0.0: expected a number > 0"),
+        (["sample=true", "sample_topp=0"], "sample_topp=0.0: expected a probability in (0, 1]"),
+        (["sample=true", "sample_topk=-1"], "sample_topk=-1: expected an integer >= 0 (0 = all pieces)"),
+    ],
+)
+def test_sampling_settings_are_checked_before_the_checkpoint_is_read(overrides, expect):
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS["translate"], ["checkpoint=x.pt", *overrides])
+    assert len(e.value.lines) == 1 and e.value.lines[0].startswith(expect), e.value.lines

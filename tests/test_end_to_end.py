@@ -101,7 +101,8 @@ def test_how_a_file_is_cut_into_batches_never_changes_the_translations(trained, 
 
 def test_several_decoding_processes_give_the_same_translations(trained, tmp_path, sample_dir):
     """workers=N splits a file's lines over N forked one-thread processes: the same n-best lists, scores and
-    attention matrices come back, in input order, as from one process; nmt.evaluate likewise."""
+    attention matrices come back, in input order, as from one process; nmt.evaluate likewise, there sampling
+    (sample=true): each line draws from its own generator, so its sample does not depend on the process."""
     run, cache, _ = trained
     lines, src = source_file(sample_dir, tmp_path, 45)
     got = {}
@@ -118,13 +119,25 @@ def test_several_decoding_processes_give_the_same_translations(trained, tmp_path
     assert [r["line"] for r in att1] == list(range(len(lines)))
     for a, b in zip(att1, att3):  # one thread per process here, maybe more in one: the last bits may differ
         assert torch.allclose(torch.tensor(a["attention"]), torch.tensor(b["attention"]), atol=1e-5)
-    scores = []
+    scores, hyps = [], []
     for workers in (1, 2):
-        js = tmp_path / f"scores{workers}.json"
+        js, hy = tmp_path / f"scores{workers}.json", tmp_path / f"hyps{workers}.txt"
         args = [f"checkpoint={run}/checkpoints/best.pt", f"input={sample_dir}/test.tsv", "amp=none"]
-        run_module("nmt.evaluate", [*args, "beam_size=2", f"workers={workers}", f"json={js}"], cache)
+        args += [
+            "sample=true",
+            "sample_topk=20",
+            "sample_seed=7",
+            f"workers={workers}",
+            f"json={js}",
+            f"hypotheses={hy}",
+        ]
+        proc = run_module("nmt.evaluate", args, cache)
+        assert "sampling at temperature 1 from top-k 20, sample_seed=7" in proc.stderr, proc.stderr[-2000:]
+        assert "lines, sampled, seed 7)" in proc.stdout
         scores.append(json.loads(js.read_text()))
-    assert scores[0]["bleu"] == scores[1]["bleu"] and scores[0]["chrf"] == scores[1]["chrf"]
+        hyps.append(hy.read_text(encoding="utf-8"))
+    assert hyps[0] == hyps[1] and scores[0]["bleu"] == scores[1]["bleu"] and scores[0]["chrf"] == scores[1]["chrf"]
+    assert scores[0]["sample"] is True and scores[0]["sample_topk"] == 20 and scores[0]["sample_seed"] == 7
 
 
 def test_evaluate_cli_reports_scores_with_signatures(trained, tmp_path, sample_dir):

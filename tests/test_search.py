@@ -283,3 +283,78 @@ def test_beam_reordering_moves_the_hypotheses_and_keeps_the_encoder_side(attenti
         torch.testing.assert_close(fast.feed, full.feed, rtol=0, atol=0)
     assert fast.attn.keys.data_ptr() == state.attn.keys.data_ptr()  # not copied
     assert fast.attn.proj.data_ptr() == state.attn.proj.data_ptr()
+
+
+# ---- sampling (sample=True): drawn from the model's distribution, reproducibly per sentence ----
+
+
+def distinct_sources(n: int):
+    """n different source sentences (their ids seed their draws): the base-3 digits of i as tokens A, B_, C."""
+    rows = []
+    for i in range(n):
+        rows.append([(A, B_, C)[(i // 3**d) % 3] for d in range(8)])
+    return collate(rows, [[A]] * n)
+
+
+def first_token_shares(toy, opts, n: int = 3000) -> dict[int, float]:
+    b = distinct_sources(n)
+    out = beam_search(toy, b.src, b.src_len, opts)
+    firsts = [h[0].tokens[0] for h in out]
+    return {t: firsts.count(t) / n for t in set(firsts)}
+
+
+THREE_WAY = {BOS: {A: 0.5, B_: 0.3, C: 0.2}, A: {EOS: 1.0}, B_: {EOS: 1.0}, C: {EOS: 1.0}}
+
+
+@pytest.mark.parametrize(
+    "extra,expect",
+    [
+        ({}, {A: 0.5, B_: 0.3, C: 0.2}),
+        ({"sample_topk": 2}, {A: 0.5 / 0.8, B_: 0.3 / 0.8}),  # C is not among the 2 most probable
+        ({"sample_topp": 0.6}, {A: 0.5 / 0.8, B_: 0.3 / 0.8}),  # A (0.5) < 0.6, so B_ is kept; A + B_ >= 0.6
+        ({"temperature": 0.5}, {A: 0.25 / 0.38, B_: 0.09 / 0.38, C: 0.04 / 0.38}),  # p ** 2, renormalised
+    ],
+)
+def test_sampling_draws_from_the_models_distribution(extra, expect):
+    shares = first_token_shares(Toy(THREE_WAY), SearchOptions(beam_size=1, sample=True, **extra))
+    assert set(shares) == set(expect), shares  # nothing outside top-k / top-p is ever drawn
+    for t, p in expect.items():  # 3,000 draws: one standard error is <= 0.009
+        assert shares[t] == pytest.approx(p, abs=0.04), (t, shares)
+
+
+def test_a_sampled_hypothesis_carries_the_models_log_probability_of_its_tokens():
+    toy = Toy(THREE_WAY)
+    b = distinct_sources(50)
+    out = beam_search(toy, b.src, b.src_len, SearchOptions(beam_size=1, sample=True, temperature=3.0))
+    for (h,) in out:  # the temperature shapes the draw, not the score (at T = 3 even 1e-6 tokens get drawn)
+        path = [BOS, *h.tokens, EOS]
+        expect = sum(float(toy.row(a)[b]) for a, b in zip(path, path[1:]))
+        assert h.log_prob == pytest.approx(expect, abs=1e-4), path
+
+
+def test_sampling_needs_one_beam():
+    with pytest.raises(ValueError, match="beam_size and n_best must be 1"):
+        SearchOptions(beam_size=5, sample=True)
+
+
+def test_a_sentence_draws_the_same_sample_in_any_batch(trained_model, sample_dir):
+    """Each sentence's draws come from its own generator (seed + source ids): decoding it in another batch, or
+    in another order, gives the same sample; another seed gives another."""
+    model, tok, _ = trained_model
+    ids, b = sample_batch(tok, sample_dir, 40)
+    opts = SearchOptions(beam_size=1, sample=True, sample_topk=20)
+    whole = [h[0].tokens for h in beam_search(model, b.src, b.src_len, opts)]
+    back = collate(ids[20:][::-1], [[A]] * 20)  # the second half alone, reversed
+    part = [h[0].tokens for h in beam_search(model, back.src, back.src_len, opts)][::-1]
+    assert part == whole[20:]
+    other = [
+        h[0].tokens
+        for h in beam_search(
+            model, b.src, b.src_len, SearchOptions(beam_size=1, sample=True, sample_topk=20, sample_seed=1)
+        )
+    ]
+    assert other != whole
+    greedy_like = SearchOptions(beam_size=1, sample=True, temperature=1e-4)  # a near-zero temperature is argmax
+    assert [h[0].tokens for h in beam_search(model, b.src, b.src_len, greedy_like)] == [
+        h.tokens for h in greedy(model, b.src, b.src_len)
+    ]
