@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import inspect
 import re
 import sys
@@ -172,6 +173,10 @@ class TrainerConfig:
     resume: bool = False  # continue from last.pt of hydra.run.dir (without it: the newest run of this command)
     # Keys that may differ from the checkpoint's config on resume (besides limits, device, logging).
     allow_changes: list[str] = field(default_factory=list)
+    # Also write the metrics (validations, and train loss / lr / tokens per second at every progress line) as
+    # TensorBoard event files in RUN_DIR/tensorboard: `tensorboard --logdir outputs`. Needs the tensorboard
+    # package (scripts/install.sh installs it; else pip install tensorboard).
+    tensorboard: bool = False
     # Start from a checkpoint's weights and sentencepiece pieces with a fresh optimiser, schedule and step count
     # (fine-tuning); model and tokenizer keys as in its run (dropout rates may differ). A resume ignores it.
     init_from: str | None = None
@@ -500,6 +505,11 @@ def _train_problems(cfg: Any) -> list[str]:
         problems.append(f"trainer.betas={list(cfg.trainer.betas)}: expected two numbers in [0, 1), e.g. [0.9,0.999]")
     if cfg.data.num_workers not in (0, 1):
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
+    if cfg.trainer.tensorboard and importlib.util.find_spec("tensorboard") is None:  # found, not imported
+        problems.append(
+            "trainer.tensorboard=true needs the tensorboard package, which is not installed here "
+            "(pip install tensorboard; scripts/install.sh installs it)"
+        )
     # (not on resume: a run that has its own checkpoint no longer reads it, and may outlive the file)
     if cfg.trainer.init_from and not cfg.trainer.resume and not Path(cfg.trainer.init_from).expanduser().is_file():
         problems.append(

@@ -39,9 +39,17 @@ def wandb_mode(mode: str) -> str:
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, config: dict, wandb_cfg: Any, resume: bool):
+    def __init__(self, run_dir: Path, config: dict, wandb_cfg: Any, resume: bool, tensorboard: bool = False):
+        """``tensorboard``: also write every record's numbers as TensorBoard scalars in ``run_dir/tensorboard``
+        (a resumed run adds an event file there; TensorBoard reads them as one run)."""
         self.path = run_dir / "metrics.jsonl"
         self.run = None
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # lazy: the package is optional
+
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            log.info("tensorboard: logging to %s (tensorboard --logdir %s)", run_dir / "tensorboard", run_dir)
         mode = wandb_mode(wandb_cfg.mode)
         if mode != "disabled":
             import wandb  # lazy: optional at run time
@@ -80,11 +88,16 @@ class RunLogger:
         return uuid.uuid4().hex[:12]
 
     def log(self, record: dict, step: int, to_file: bool = True) -> None:
+        """A record to every sink; ``to_file=False``: not to metrics.jsonl, which holds one line per validation."""
         if to_file:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
         if self.run is not None:
             self.run.log(record, step=step)
+        if self.tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.tb.add_scalar(k, v, step)
 
     def log_images(self, images: dict[str, Path], step: int) -> None:
         """PNG files (already saved in the run directory) → wandb, when it is on."""
@@ -94,5 +107,7 @@ class RunLogger:
             self.run.log({k: wandb.Image(str(v)) for k, v in images.items()}, step=step)
 
     def finish(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
         if self.run is not None:
             self.run.finish()

@@ -219,6 +219,7 @@ RESUME_MAY_CHANGE = (
     "trainer.log_every",
     "trainer.log_seconds",
     "trainer.plot_attention",
+    "trainer.tensorboard",
     "trainer.checkpoint_minutes",
     "trainer.threads",
     "trainer.average_last",  # these act only once training has ended

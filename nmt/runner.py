@@ -183,7 +183,7 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     init = load_init(cfg.trainer.init_from, plain) if cfg.trainer.init_from and resume_from is None else None
     # wandb starts before the minutes of sentencepiece and model building: a wandb that cannot (no API key for
     # wandb.mode=online, its servers unreachable) fails this command in seconds, with nothing trained
-    logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume) if d.is_main else None
+    logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume, cfg.trainer.tensorboard) if d.is_main else None
     try:  # the logger's one owner: finished here, whatever happens
         result, trainer, finisher = _train(cfg, plain, specs, resume_from, init, rundir, d, device, logger)
     finally:

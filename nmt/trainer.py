@@ -571,6 +571,10 @@ class Trainer:
         line = f"step {p.step}  epoch {p.epoch}  train loss {shown}  {tok_s:,.0f} tgt tok/s  lr {lr:.2e}"
         line += f"  elapsed {clock(p.elapsed_s)}{self._eta(p, window)}"
         log.info("%s", line)
+        if self.logger is not None:  # the curves between validations (wandb, TensorBoard; not metrics.jsonl),
+            # named apart from the validation record's train_loss etc., which average since the last validation
+            record = {"progress/train_loss": train_loss, "progress/lr": lr, "progress/tgt_tokens_per_s": tok_s}
+            self.logger.log({k: v for k, v in record.items() if v is not None}, step=p.step, to_file=False)
 
     def _eta(self, p: Progress, window: Window) -> str:
         """'  37% of trainer.max_steps=3000, ETA 6:40' for whichever limit comes first ('' without one)."""

@@ -60,6 +60,7 @@ def trained(tmp_path_factory, sample_dir):
     run = root / "run"
     tiny = [x for x in TINY if not x.startswith("trainer.plot_attention=")]  # the default: 3 heatmaps per validation
     args = [f"data.dir={sample_dir}", *tiny, "trainer.max_steps=120", "trainer.valid_every=40", f"hydra.run.dir={run}"]
+    args.append("trainer.tensorboard=true")  # tests/test_end_to_end.py reads its event files
     proc = run_module("nmt.train", args, root / "cache")
     return run, root / "cache", proc
 

@@ -221,3 +221,19 @@ def test_sampling_settings_are_checked_before_the_checkpoint_is_read(overrides, 
     with pytest.raises(Stop) as e:
         preflight(COMMANDS["translate"], ["checkpoint=x.pt", *overrides])
     assert len(e.value.lines) == 1 and e.value.lines[0].startswith(expect), e.value.lines
+
+
+def test_tensorboard_without_its_package_is_refused_before_any_work(monkeypatch):
+    """The package is optional (pyproject's tensorboard extra); its absence is simulated here."""
+    import importlib.util
+
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS["train"], ["trainer.tensorboard=true"])
+    assert e.value.lines == [
+        "trainer.tensorboard=true needs the tensorboard package, which is not installed here "
+        "(pip install tensorboard; scripts/install.sh installs it)"
+    ]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from helpers import REPO, TINY, env, run_module, source_file
@@ -97,6 +98,23 @@ def test_how_a_file_is_cut_into_batches_never_changes_the_translations(trained, 
         run_module("nmt.translate", args, cache)
         outs.append(out.read_text(encoding="utf-8").splitlines())
     assert outs[0] == outs[1] and len(outs[0]) == len(lines)
+
+
+def test_tensorboard_gets_every_validation_and_the_progress_lines(trained):
+    """trainer.tensorboard=true: the validation records as scalars under their metrics.jsonl names, and the
+    progress lines' train loss / lr / tokens per second (every trainer.log_every=10 steps) as progress/*."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, _, proc = trained
+    assert f"tensorboard: logging to {run}/tensorboard" in proc.stderr
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    recs = records(run)
+    for key in ("bleu", "chrf", "loss", "train_loss"):
+        got = [(e.step, e.value) for e in events.Scalars(key)]
+        assert got == [(r["step"], pytest.approx(r[key], rel=1e-6, abs=1e-6)) for r in recs], key
+    assert [e.step for e in events.Scalars("progress/train_loss")] == list(range(10, 121, 10))
+    assert {"progress/lr", "progress/tgt_tokens_per_s"} <= set(events.Tags()["scalars"])
 
 
 def test_several_decoding_processes_give_the_same_translations(trained, tmp_path, sample_dir):
