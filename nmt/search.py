@@ -20,7 +20,8 @@ the best: at a temperature, from the k most probable (top-k; Fan et al. 2018) an
 probability p (top-p, nucleus; Holtzman et al. 2020). Back-translation from samples trains better models than
 from beam search (Edunov et al. 2018, "Understanding Back-Translation at Scale"). Each sentence draws from its
 own generator, seeded by the seed and its source ids: the same line with the same seed gets the same sample
-whatever the batch, process or order it is decoded in.
+whatever the batch, process or order it is decoded in (up to the last bits of the products, which may differ
+with the batch's shape and move a draw that falls on a boundary; and a vocabulary shortlist is the batch's own).
 
 ``stop="early"`` trades that guarantee for speed: an open beam counts as beatable once it could
 not overtake by ending at the very next step (open_score / lp(t + 1)), the heuristic of Hugging
