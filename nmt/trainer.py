@@ -17,7 +17,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,10 +260,12 @@ class FitResult:
 
 
 class StopSignal:
-    """Turns SIGINT/SIGTERM into a flag the loop checks after each step, so it can save first."""
+    """Turns SIGINT/SIGTERM into a flag the loop checks after each step, so it can save first. ``doing`` names
+    the work the flag waits for (the step, or a validation in progress), for the line that says so."""
 
-    def __init__(self):
+    def __init__(self, doing: Callable[[], str] = lambda: "this step"):
         self.signum: int | None = None
+        self.doing = doing
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignal:
@@ -275,7 +277,8 @@ class StopSignal:
         if self.signum is not None:  # second signal: give up at once
             raise KeyboardInterrupt
         self.signum = signum
-        log.warning("received %s: saving a checkpoint after this step, then exiting", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        log.warning("received %s: saving a checkpoint after %s, then exiting", name, self.doing())
 
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
@@ -334,6 +337,7 @@ class Trainer:
         self.device = precision.device
         self.progress = Progress()
         self._calibration: tuple[int, float] | None = None
+        self._doing = "this step"  # what a stop signal waits for (StopSignal's line)
         self._saved_at = self._logged_at = 0.0  # elapsed_s of the newest last.pt / progress line
         self._logged_step = 0  # the step of the newest progress line
 
@@ -480,7 +484,7 @@ class Trainer:
             file=sys.stderr,
         )
         signum = None
-        with StopSignal() as stop:
+        with StopSignal(lambda: self._doing) as stop:
             while (reason := self._limit_reason(p)) is None:
                 micro = [next(batches) for _ in range(s.accum_steps)]
                 local = [stop.signum or 0, elapsed_at_start + time.monotonic() - started, max(b.epoch for b in micro)]
@@ -512,7 +516,10 @@ class Trainer:
                     since_log = Window(self.device)
                 if p.valid_every and p.step % p.valid_every == 0 and self._limit_reason(p) is None:
                     v0 = time.monotonic()
+                    # a signal now waits for it: a validation left out would be missing from the resumed run
+                    self._doing = f"the validation at step {p.step}, which is running"
                     self._validate_and_save(since_valid)
+                    self._doing = "this step"
                     since_valid = Window(self.device)
                     since_log.paused += time.monotonic() - v0
                 elif s.checkpoint_minutes and p.elapsed_s - self._saved_at >= 60 * s.checkpoint_minutes:

@@ -229,3 +229,23 @@ def test_checkpoint_dir_that_is_a_file(tmp_path, sample_dir, cache_env, caplog):
     with pytest.raises(NmtError, match="final checkpoint could not be written"):
         run(tiny_cfg(sample_dir, "trainer.max_steps=5"), tmp_path)
     assert "cannot write checkpoint" in caplog.text
+
+
+def test_a_signal_during_a_validation_waits_for_it_and_says_so(tmp_path, sample_dir, cache_env, monkeypatch, caplog):
+    """SIGTERM while the validation at step 15 runs: the run finishes that validation (a resume would not
+    redo it), saves and stops at step 15; its line names the validation it waits for, not 'this step'."""
+    caplog.set_level(logging.INFO)
+    real = nmt.trainer.Validator.__call__
+
+    def signalled(self, model):
+        os.kill(os.getpid(), signal.SIGTERM)
+        FAULTS["signals during a validation"] += 1
+        return real(self, model)
+
+    monkeypatch.setattr(nmt.trainer.Validator, "__call__", signalled)
+    with pytest.raises(SystemExit) as e:
+        run(tiny_cfg(sample_dir, "trainer.max_steps=30"), tmp_path)
+    assert e.value.code == 128 + signal.SIGTERM
+    assert "received SIGTERM: saving a checkpoint after the validation at step 15, which is running" in caplog.text
+    saved = checkpoint.load(tmp_path / "checkpoints" / "last.pt")["progress"]
+    assert saved["step"] == 15 and saved["last_validation"]["step"] == 15
