@@ -251,8 +251,8 @@ class DecodeConfig:
     # at the next step (faster under a length penalty; may miss a longer best hypothesis; nmt.search).
     # unset: the checkpoint's choice on valid (early only where it lost no BLEU there), else exact.
     stop: str | None = None
-    # Sample each next piece from the model instead of searching (back-translation: Edunov et al. 2018): one
-    # output per line, beam_size unset or 1. The same line with the same sample_seed draws the same output.
+    # Sample each next piece from the model instead of searching (back-translation: Edunov et al. 2018), beam_size
+    # unset or 1; n_best=N draws N outputs per line. The same line with the same sample_seed draws the same.
     sample: bool = False
     sample_topk: int = 0  # sample from the k most probable pieces (0 = all)
     sample_topp: float = 1.0  # sample from the smallest set of pieces holding this probability (nucleus; 1 = all)
@@ -625,7 +625,7 @@ def _decode_problems(cfg: Any) -> list[str]:
         )
     if cfg.beam_size is not None and cfg.beam_size < 1:
         problems.append(f"beam_size={cfg.beam_size}: expected an integer >= 1 (1 = greedy)")
-    if cfg.n_best < 1 or (cfg.beam_size is not None and cfg.n_best > max(cfg.beam_size, 1)):
+    if cfg.n_best < 1 or (cfg.beam_size is not None and cfg.n_best > max(cfg.beam_size, 1) and not cfg.sample):
         problems.append(f"n_best={cfg.n_best} needs 1 <= n_best <= beam_size (got beam_size={cfg.beam_size})")
     if cfg.get("batch_size", 1) < 1:
         problems.append(f"batch_size={cfg.batch_size}: expected an integer >= 1")
@@ -645,10 +645,10 @@ def _sampling_decode_problems(cfg: Any) -> list[str]:
         given = [f"{k}={cfg[k]}" for k, off in _SAMPLE_OFF.items() if cfg[k] != off]
         return [f"{', '.join(given)}: only used with sample=true (sampling instead of beam search)"] if given else []
     problems = []
-    if cfg.beam_size not in (None, 1) or cfg.n_best != 1:
+    if cfg.beam_size not in (None, 1):
         problems.append(
-            f"sample=true draws one output per line: leave beam_size unset or 1 and n_best at 1 "
-            f"(got beam_size={cfg.beam_size}, n_best={cfg.n_best})"
+            f"sample=true draws each output on its own: leave beam_size unset or 1 (got beam_size={cfg.beam_size}; "
+            "n_best=N draws N outputs per line)"
         )
     if cfg.sample_topk < 0:
         problems.append(f"sample_topk={cfg.sample_topk}: expected an integer >= 0 (0 = all pieces)")

@@ -73,6 +73,7 @@ def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions,
     if cfg.get("sample", False):  # one draw per line: no beam, no length penalty (nmt.search)
         options = SearchOptions(
             beam_size=1,
+            n_best=cfg.n_best,  # draws per line
             max_len_ratio=cfg.max_len_ratio,
             min_len_ratio=cfg.min_len_ratio,
             no_repeat_ngram=cfg.no_repeat_ngram,
@@ -87,7 +88,8 @@ def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions,
         )
         return options, (
             f"sampling at temperature {cfg.temperature:g} from {' and '.join(top) or 'all pieces'}, "
-            f"sample_seed={cfg.sample_seed} (the same line and seed draw the same output)"
+            f"{f'{cfg.n_best} draws per line, ' if cfg.n_best > 1 else ''}sample_seed={cfg.sample_seed} "
+            "(the same line and seed draw the same output)"
         )
     beam = cfg.beam_size if cfg.beam_size is not None else stored.get("beam_size", DEFAULT_SEARCH.beam_size)
     if cfg.beam_size is None:

@@ -32,6 +32,7 @@ Face's ``early_stopping=False``. With α = 0 both rules are the same (the bound 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,8 +76,8 @@ class SearchOptions:
     def __post_init__(self) -> None:
         if self.stop not in STOP_RULES:
             raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, not {self.stop!r}")
-        if self.sample and (self.beam_size != 1 or self.n_best != 1):
-            raise ValueError("sampling draws one hypothesis per sentence: beam_size and n_best must be 1")
+        if self.sample and self.beam_size != 1:
+            raise ValueError("sampling draws each hypothesis on its own: beam_size must be 1 (n_best: how many draws)")
 
 
 STOP_RULES = ("exact", "early")
@@ -181,12 +182,17 @@ def best_candidates(
     return top, origin, beam_tok.view(n, K * per_beam).gather(1, idx)
 
 
-def sentence_generators(src: torch.Tensor, src_len: torch.Tensor, seed: int) -> list[torch.Generator]:
+def sentence_generators(
+    src: torch.Tensor, src_len: torch.Tensor, seed: int, draws: list[int] | None = None
+) -> list[torch.Generator]:
     """One CPU generator per sentence of src [B, S], seeded by ``seed`` and the sentence's own source ids (a
-    stable hash, not Python's), so its draws do not depend on the batch, process or order it is decoded in."""
+    stable hash, not Python's), so its draws do not depend on the batch, process or order it is decoded in.
+    ``draws``: each row's draw number when a sentence is sampled several times (draw 0 is the single draw)."""
     gens = []
-    for row, n in zip(src.tolist(), src_len.tolist()):
-        digest = hashlib.blake2b(repr((seed, row[:n])).encode(), digest_size=8).digest()
+    for i, (row, n) in enumerate(zip(src.tolist(), src_len.tolist())):
+        j = draws[i] if draws is not None else 0
+        material = (seed, row[:n]) if j == 0 else (seed, row[:n], j)
+        digest = hashlib.blake2b(repr(material).encode(), digest_size=8).digest()
         gens.append(torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1)))
     return gens
 
@@ -227,12 +233,26 @@ def beam_search(
     opts: SearchOptions,
     return_attention: bool = False,
     vocab: torch.Tensor | None = None,
+    draws: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """n-best lists (best first) for each sentence of the batch; src [B, S], src_len [B].
 
     ``vocab``: a vocabulary shortlist for this batch (nmt.shortlist: sorted target ids [V'] starting with
     the special ids, so EOS keeps its index): every step scores and normalises over those ids only.
+    Sampling with ``n_best`` > 1 draws each sentence ``n_best`` times (rows of one batch; ``draws`` numbers
+    them) and lists the draws best first.
     """
+    if opts.sample and opts.n_best > 1:
+        n = opts.n_best
+        rows = torch.arange(src.size(0), device=src.device).repeat_interleave(n)
+        one = dataclasses.replace(opts, n_best=1)
+        each = beam_search(
+            model, src[rows], src_len[rows], one, return_attention, vocab, draws=list(range(n)) * src.size(0)
+        )
+        return [
+            sorted((h[0] for h in each[i * n : (i + 1) * n]), key=lambda h: h.score, reverse=True)
+            for i in range(src.size(0))
+        ]
     B, K, dev = src.size(0), opts.beam_size, src.device
     if opts.n_best > K:
         raise ValueError(f"n_best ({opts.n_best}) cannot exceed beam_size ({K})")
@@ -253,7 +273,7 @@ def beam_search(
     # the CPU fast path's selection where the model runs it (Seq2Seq.fast_search), else the plain one
     topk = blocked_topk if getattr(model, "fast_search", False) else row_topk
     state = model.start(src, src_len) if vocab is None else model.start(src, src_len, vocab)
-    gens = sentence_generators(src.cpu(), src_len.cpu(), opts.sample_seed) if opts.sample else []
+    gens = sentence_generators(src.cpu(), src_len.cpu(), opts.sample_seed, draws) if opts.sample else []
     active = torch.arange(B, device=dev)  # sentences still searching
     # A sentence's K beams start identical, so the first step runs once per sentence and its output and
     # state are copied to the K beams ([B] -> [B*K] rows, sentence-major), not computed K times.

@@ -67,7 +67,8 @@ class Translator:
         keep = [i for i, s in enumerate(ids) if s]
         results: list[Translation | None] = [None] * len(texts)
         # Beams multiply the batch: keep sentences x beams x length near the budget.
-        budget = max(self.max_tokens // self.search.beam_size, 1)
+        width = self.search.n_best if self.search.sample else self.search.beam_size  # rows per sentence
+        budget = max(self.max_tokens // width, 1)
         for group, batch in eval_batches([ids[i] for i in keep], None, budget):
             b = batch.to(self.device)
             vocab = None if self.shortlist is None else self.shortlist.select(b.src)

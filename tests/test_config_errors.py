@@ -206,8 +206,8 @@ def test_init_from_a_missing_file_is_refused_unless_resuming(tmp_path):
 @pytest.mark.parametrize(
     "overrides,expect",
     [
-        (["sample=true", "beam_size=5"], "sample=true draws one output per line: leave beam_size unset or 1"),
-        (["sample=true", "n_best=2", "beam_size=2"], "sample=true draws one output per line"),
+        (["sample=true", "beam_size=5"], "sample=true draws each output on its own: leave beam_size unset or 1"),
+        (["sample=true", "n_best=2", "beam_size=2"], "sample=true draws each output on its own"),
         (["sample_topk=10"], "sample_topk=10: only used with sample=true"),
         (["temperature=0.7", "sample_seed=3"], "temperature=0.7, sample_seed=3: only used with sample=true"),
         (["sample=true", "temperature=0"], "temperature=0.0: expected a number > 0"),
@@ -237,3 +237,10 @@ def test_tensorboard_without_its_package_is_refused_before_any_work(monkeypatch)
         "trainer.tensorboard=true needs the tensorboard package, which is not installed here "
         "(pip install tensorboard; scripts/install.sh installs it)"
     ]
+
+
+def test_sampling_takes_n_best_as_the_number_of_draws():
+    from nmt.cli import COMMANDS, preflight
+
+    preflight(COMMANDS["translate"], ["checkpoint=x.pt", "sample=true", "n_best=4"])
+    preflight(COMMANDS["translate"], ["checkpoint=x.pt", "sample=true", "n_best=4", "beam_size=1"])

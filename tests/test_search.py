@@ -333,8 +333,22 @@ def test_a_sampled_hypothesis_carries_the_models_log_probability_of_its_tokens()
 
 
 def test_sampling_needs_one_beam():
-    with pytest.raises(ValueError, match="beam_size and n_best must be 1"):
+    with pytest.raises(ValueError, match="beam_size must be 1"):
         SearchOptions(beam_size=5, sample=True)
+
+
+def test_n_draws_of_a_sentence_hold_its_single_draw_best_first(trained_model, sample_dir):
+    """n_best=N with sampling: N draws per sentence (one batch, each its own generator), best score first; draw
+    0 is the sample that n_best=1 draws."""
+    model, tok, _ = trained_model
+    _, b = sample_batch(tok, sample_dir, 12)
+    one = beam_search(model, b.src, b.src_len, SearchOptions(beam_size=1, sample=True, sample_topk=20))
+    four = beam_search(model, b.src, b.src_len, SearchOptions(beam_size=1, n_best=4, sample=True, sample_topk=20))
+    assert [len(d) for d in four] == [4] * 12
+    for (single,), draws in zip(one, four):
+        assert single.tokens in [d.tokens for d in draws]
+        assert [d.score for d in draws] == sorted((d.score for d in draws), reverse=True)
+    assert any(len({tuple(d.tokens) for d in draws}) > 1 for draws in four)  # the draws are not one sample
 
 
 def test_a_sentence_draws_the_same_sample_in_any_batch(trained_model, sample_dir):
