@@ -125,12 +125,23 @@ COMMANDS = {
             "Translate text with a trained checkpoint: exactly one output line per input line, in input order. "
             "Without input=FILE it reads stdin and answers each line as it arrives, so it works at a prompt "
             "and inside a pipe.",
-            ("checkpoint", "input", "output", "beam_size", "n_best", "length_penalty", "batch_size", "device"),
+            (
+                "checkpoint",
+                "input",
+                "output",
+                "beam_size",
+                "n_best",
+                "length_penalty",
+                "sample",
+                "batch_size",
+                "device",
+            ),
             (
                 "python -m nmt.translate checkpoint=outputs/run1/checkpoints/best.pt",
                 "python -m nmt.translate checkpoint=best.pt input=news.en output=news.es",
                 "echo 'How are you?' | python -m nmt.translate checkpoint=best.pt beam_size=1",
                 "python -m nmt.translate checkpoint=best.pt n_best=3 input=in.txt",
+                "python -m nmt.translate checkpoint=best.pt sample=true sample_topk=10 input=mono.en  # sampled",
                 "python -m nmt.translate checkpoint=a.pt ensemble=[b.pt] attention_plot=plots input=in.txt",
             ),
         ),
