@@ -144,6 +144,10 @@ class TrainerConfig:
     plateau_patience: int = 2
     min_lr: float = 1e-5
     clip_grad: float = 1.0
+    # > 0: validate, select and save an exponential moving average of the weights instead of the weights
+    # themselves (OpenNMT-py's average_decay, fairseq's --ema), e.g. 0.999; the training weights are kept in
+    # the checkpoints for resuming. 0 = off. (nmt.trainer.WeightAverage)
+    ema_decay: float = 0.0
     label_smoothing: float = 0.1
     # Probability of feeding the reference token; < 1 = scheduled sampling (forces the step loop).
     teacher_forcing: float = 1.0
@@ -448,6 +452,7 @@ _TRAINER_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...
     (("weight_decay", "min_lr", "log_seconds"), lambda v: v >= 0, "a number >= 0"),
     (("tune_min_bleu",), lambda v: 0 <= v <= 100, "a BLEU score in [0, 100] (0 = always tune)"),
     (("clip_grad",), lambda v: v >= 0, "a gradient norm >= 0 (0 = no clipping)"),
+    (("ema_decay",), lambda v: 0 <= v < 1, "a decay in [0, 1) (0 = off; e.g. 0.999)"),
     (("checkpoint_minutes",), lambda v: v >= 0, "minutes >= 0 (0 = only at validations and the end)"),
     (("lr", "valid_minutes"), lambda v: v > 0, "a number > 0"),
     (("plateau_factor",), lambda v: 0 < v <= 1, "a factor in (0, 1]"),

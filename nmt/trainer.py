@@ -11,6 +11,7 @@ tensors and read only when logging), so CUDA runs ahead of Python.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import random
@@ -172,24 +173,46 @@ class Validator:
         """How many validation sentences BLEU is computed on (``data.valid_max_sentences``)."""
         return len(self.bleu_src)
 
-    def plot(self, step: int) -> dict[str, Path]:
-        """Heatmaps of the first few validation sentences (saved in the run directory, sent to wandb)."""
+    def plot(self, step: int, model: Seq2Seq | None = None) -> dict[str, Path]:
+        """Heatmaps of the first few validation sentences (saved in the run directory, sent to wandb), by
+        ``model`` (default: the translator's)."""
         if self.plot_sentences <= 0:
             return {}
+        tr = self.translator
+        if model is not None and model is not tr.model:
+            tr = Translator(model, tr.tok, tr.device, tr.search, tr.max_tokens, tr.max_input_len)
         from nmt.plots import heatmap  # matplotlib (~0.6 s to import): only when heatmaps are drawn
 
         self.plot_dir.mkdir(parents=True, exist_ok=True)
         images = {}
-        for k, tr in enumerate(self.translator.translate(self.bleu_src[: self.plot_sentences], return_attention=True)):
-            if tr.hypothesis.attention is not None:
+        for k, t in enumerate(tr.translate(self.bleu_src[: self.plot_sentences], return_attention=True)):
+            if t.hypothesis.attention is not None:
                 images[f"attention/sent{k}"] = heatmap(
-                    tr.hypothesis.attention,
-                    tr.src_pieces,
-                    tr.tgt_pieces,
+                    t.hypothesis.attention,
+                    t.src_pieces,
+                    t.tgt_pieces,
                     self.plot_dir / f"step{step:07d}_sent{k}.png",
-                    title=f"step {step}: {tr.text[:60]}",
+                    title=f"step {step}: {t.text[:60]}",
                 )
         return images
+
+
+class WeightAverage:
+    """An exponential moving average of the weights (Polyak & Juditsky 1992), as OpenNMT-py's ``average_decay``
+    and fairseq's ``--ema`` keep it: after update t, avg <- d * avg + (1 - d) * w with d = min(decay, (1 + t) /
+    (10 + t)), so the first updates are not drowned in the initial weights. ``model`` is a copy holding the
+    average: validation, best.pt and every checkpoint's ``model`` are its weights (what translating uses); the
+    training weights go to ``train_model``, for resuming."""
+
+    def __init__(self, model: Seq2Seq, decay: float):
+        self.decay = decay
+        self.model = copy.deepcopy(model)
+        self.model.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: Seq2Seq, t: int) -> None:
+        d = min(self.decay, (1 + t) / (10 + t))
+        torch._foreach_lerp_(list(self.model.parameters()), list(model.parameters()), 1.0 - d)
 
 
 @dataclass
@@ -326,11 +349,15 @@ class Trainer:
         static_state: dict,
         dist: Dist | None = None,
         net: torch.nn.Module | None = None,
+        average: WeightAverage | None = None,
     ):
         """``net`` is what the step runs (``model`` wrapped in DistributedDataParallel under torchrun);
-        validation, decoding and checkpoints use the plain ``model``. ``validator`` and ``logger`` exist
-        on rank 0 only. ``static_state`` (tokenizer, config) goes into every checkpoint as it is."""
+        validation, decoding and checkpoints use the plain ``model``, or ``average``'s when given
+        (``trainer.ema_decay``). ``validator`` and ``logger`` exist on rank 0 only. ``static_state``
+        (tokenizer, config) goes into every checkpoint as it is."""
         self.model, self.net = model, net if net is not None else model
+        self.average = average
+        self.evaluated = average.model if average is not None else model  # what is validated and saved
         self.opt, self.sched, self.precision = optimizer, scheduler, precision
         self.validator, self.stopping, self.saver, self.logger = validator, stopping, saver, logger
         self.s, self.static_state, self.dist = schedule, static_state, dist or Dist()
@@ -350,8 +377,10 @@ class Trainer:
         for part in parts:
             for s, pos in part["positions"].items():
                 positions[s] = list(pos)
+        averaged = {"train_model": self.model.state_dict()} if self.average is not None else {}
         return {
-            "model": self.model.state_dict(),
+            "model": self.evaluated.state_dict(),
+            **averaged,
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "scaler": self.precision.scaler.state_dict(),
@@ -367,7 +396,9 @@ class Trainer:
 
     def load_state(self, path: Path, ckpt: dict, seed: int = 0) -> None:
         """Continue from a checkpoint of this run (see ``RunDir.resumable``)."""
-        self.model.load_state_dict(ckpt["model"])
+        self.model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
+        if self.average is not None:
+            self.average.model.load_state_dict(ckpt["model"])
         self.opt.load_state_dict(ckpt["optimizer"])
         self.sched.load_state_dict(ckpt["scheduler"])
         if ckpt["scaler"]:  # empty when saved without fp16 (trainer.amp may change on resume)
@@ -447,6 +478,8 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         if not ok:
             return None
+        if self.average is not None:
+            self.average.update(self.model, self.progress.step)
         if not isinstance(self.sched, (torch.optim.lr_scheduler.ReduceLROnPlateau, BudgetDecay)):
             self.sched.step()
         return total
@@ -608,7 +641,7 @@ class Trainer:
         v = None
         if self.validator is not None:
             with heartbeat(f"validating at step {p.step}"):
-                v = self.validator(self.model)
+                v = self.validator(self.evaluated)
         v = self.dist.broadcast(v)
         record = {
             "step": p.step,
@@ -641,7 +674,7 @@ class Trainer:
                 "  (best)" if improved else "",
                 v["example"],
             )
-            self.logger.log_images(self.validator.plot(p.step), step=p.step)
+            self.logger.log_images(self.validator.plot(p.step, self.evaluated), step=p.step)
         self.save(best=improved, step=p.step)
 
 

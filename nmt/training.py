@@ -32,7 +32,7 @@ from nmt.rundir import RESUME_MAY_CHANGE, RunDir, may_change
 from nmt.schedules import BudgetDecay
 from nmt.search import SearchOptions
 from nmt.shortlist import Shortlist
-from nmt.trainer import CheckpointSaver, EarlyStopping, Precision, Schedule, Trainer, Validator
+from nmt.trainer import CheckpointSaver, EarlyStopping, Precision, Schedule, Trainer, Validator, WeightAverage
 from nmt.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,14 @@ def build_trainer(
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
+    average = None
+    if t.ema_decay > 0:
+        average = WeightAverage(model, t.ema_decay)
+        log.info(
+            "weights: validated and saved as their exponential moving average (trainer.ema_decay=%g); the training "
+            "weights are kept in last.pt and step_N.pt for resuming",
+            t.ema_decay,
+        )
     scheduler = build_scheduler(opt, t)
     if isinstance(scheduler, BudgetDecay):
         limits = [f"trainer.{k}={getattr(t, k):g}" for k in ("max_minutes", "max_steps") if getattr(t, k)]
@@ -198,6 +206,7 @@ def build_trainer(
         },
         dist,
         net,
+        average,
     )
 
 

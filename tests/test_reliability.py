@@ -249,3 +249,41 @@ def test_a_signal_during_a_validation_waits_for_it_and_says_so(tmp_path, sample_
     assert "received SIGTERM: saving a checkpoint after the validation at step 15, which is running" in caplog.text
     saved = checkpoint.load(tmp_path / "checkpoints" / "last.pt")["progress"]
     assert saved["step"] == 15 and saved["last_validation"]["step"] == 15
+
+
+def test_weight_average_is_the_exponential_moving_average_with_its_warmup():
+    from nmt.trainer import WeightAverage
+
+    model = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    avg = WeightAverage(model, decay=0.9)
+    expect = torch.zeros(1, 2)
+    for t in range(30):
+        with torch.no_grad():
+            model.weight.fill_(float(t + 1))
+        avg.update(model, t)
+        d = min(0.9, (1 + t) / (10 + t))
+        expect = d * expect + (1 - d) * float(t + 1)
+    torch.testing.assert_close(avg.model.weight, expect)
+    assert (
+        not avg.model.weight.requires_grad and float(model.weight.detach()[0, 0]) == 30.0
+    )  # the training weights untouched
+
+
+def test_a_run_with_a_weight_average_validates_saves_and_resumes_it_exactly(tmp_path, sample_dir, cache_env):
+    """trainer.ema_decay: checkpoints' model is the average (best.pt is the validated one), train_model the
+    training weights; a run stopped at 15 and resumed to 30 ends with both as the uninterrupted run does."""
+    ema = ["trainer.ema_decay=0.9", "trainer.max_steps=30"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    run(tiny_cfg(sample_dir, *ema), whole)
+    run(tiny_cfg(sample_dir, "trainer.ema_decay=0.9", "trainer.max_steps=15"), parts)
+    run(tiny_cfg(sample_dir, *ema, "trainer.resume=true"), parts)
+    FAULTS["runs resumed"] += 1
+    a, b = checkpoint.load(whole / "checkpoints" / "last.pt"), checkpoint.load(parts / "checkpoints" / "last.pt")
+    for key in ("model", "train_model"):
+        for k in a[key]:
+            torch.testing.assert_close(b[key][k], a[key][k], rtol=1e-5, atol=1e-6, msg=f"{key} {k}")
+    assert any(not torch.equal(a["model"][k], a["train_model"][k]) for k in a["model"])  # an average, not a copy
+    best = checkpoint.load(whole / "checkpoints" / "best.pt")
+    at_best = checkpoint.load(whole / "checkpoints" / f"step_{best['progress']['step']}.pt")
+    assert "train_model" not in best and all(torch.equal(best["model"][k], at_best["model"][k]) for k in best["model"])
