@@ -45,6 +45,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("vocab_4k", ["tokenizer.vocab_size=4000"], "4k joint unigram pieces instead of 8k"),
     ("subword_sampling_0.2", ["tokenizer.sample_alpha=0.2"], "unigram sampling, alpha 0.2 (1.35x pieces, not 1.9x)"),
     ("vocab_2k", ["tokenizer.vocab_size=2000"], "2k joint unigram pieces instead of 8k"),
+    ("ema_0.999", ["trainer.ema_decay=0.999"], "validate and save an exponential moving average of the weights"),
     (
         "subword_sampling_nbest",
         ["tokenizer.sample_alpha=0.5", "tokenizer.sample_nbest=64"],
