@@ -100,11 +100,18 @@ class RunLogger:
                     self.tb.add_scalar(k, v, step)
 
     def log_images(self, images: dict[str, Path], step: int) -> None:
-        """PNG files (already saved in the run directory) → wandb, when it is on."""
+        """PNG files (already saved in the run directory) → wandb and TensorBoard, when they are on."""
         if self.run is not None and images:
             import wandb
 
             self.run.log({k: wandb.Image(str(v)) for k, v in images.items()}, step=step)
+        if self.tb is not None and images:
+            import numpy as np
+            from PIL import Image  # a dependency of tensorboard (and of matplotlib, which drew them)
+
+            for k, v in images.items():
+                with Image.open(v) as im:
+                    self.tb.add_image(k, np.asarray(im.convert("RGB")), step, dataformats="HWC")
 
     def finish(self) -> None:
         if self.tb is not None:

@@ -101,8 +101,9 @@ def test_how_a_file_is_cut_into_batches_never_changes_the_translations(trained, 
 
 
 def test_tensorboard_gets_every_validation_and_the_progress_lines(trained):
-    """trainer.tensorboard=true: the validation records as scalars under their metrics.jsonl names, and the
-    progress lines' train loss / lr / tokens per second (every trainer.log_every=10 steps) as progress/*."""
+    """trainer.tensorboard=true: the validation records as scalars under their metrics.jsonl names, the
+    progress lines' train loss / lr / tokens per second (every trainer.log_every=10 steps) as progress/*, and
+    the attention heatmaps as images."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run, _, proc = trained
@@ -115,6 +116,9 @@ def test_tensorboard_gets_every_validation_and_the_progress_lines(trained):
         assert got == [(r["step"], pytest.approx(r[key], rel=1e-6, abs=1e-6)) for r in recs], key
     assert [e.step for e in events.Scalars("progress/train_loss")] == list(range(10, 121, 10))
     assert {"progress/lr", "progress/tgt_tokens_per_s"} <= set(events.Tags()["scalars"])
+    # the attention heatmaps the fixture draws (trainer.plot_attention's default, 3 per validation)
+    heatmaps = events.Images("attention/sent0")
+    assert [e.step for e in heatmaps] == [r["step"] for r in recs] and heatmaps[0].width > 100
 
 
 def test_several_decoding_processes_give_the_same_translations(trained, tmp_path, sample_dir):
