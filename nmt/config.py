@@ -655,13 +655,7 @@ def _sampling_decode_problems(cfg: Any) -> list[str]:
             f"sample=true draws each output on its own: leave beam_size unset or 1 (got beam_size={cfg.beam_size}; "
             "n_best=N draws N outputs per line)"
         )
-    if cfg.sample_topk < 0:
-        problems.append(f"sample_topk={cfg.sample_topk}: expected an integer >= 0 (0 = all pieces)")
-    if not 0.0 < cfg.sample_topp <= 1.0:
-        problems.append(f"sample_topp={cfg.sample_topp}: expected a probability in (0, 1] (1 = all pieces)")
-    if not cfg.temperature > 0.0:
-        problems.append(f"temperature={cfg.temperature}: expected a number > 0 (1 = the model's distribution)")
-    return problems
+    return problems  # their ranges: _DECODE_RANGES
 
 
 _SAMPLE_OFF = {"sample_topk": 0, "sample_topp": 1.0, "temperature": 1.0, "sample_seed": 0}
@@ -673,6 +667,9 @@ _DECODE_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...]
     (("no_repeat_ngram",), lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     (("coverage_penalty",), lambda v: v >= 0, "GNMT beta >= 0 (0 = off)"),
     (("max_len_ratio", "min_len_ratio"), lambda v: v >= 0, "a number >= 0"),
+    (("sample_topk",), lambda v: v >= 0, "an integer >= 0 (0 = all pieces)"),
+    (("sample_topp",), lambda v: 0 < v <= 1, "a probability in (0, 1] (1 = all pieces)"),
+    (("temperature",), lambda v: v > 0, "a number > 0 (1 = the model's distribution)"),
 )
 
 

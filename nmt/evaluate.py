@@ -140,8 +140,7 @@ def main(cfg: DictConfig) -> None:
     s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=beam, length_penalty=alpha, stop=stop)
     o = tr.search
     if o.sample:  # the table and the json say what was drawn, not a beam
-        s.update(sample=True, sample_topk=o.sample_topk, sample_topp=o.sample_topp, temperature=o.temperature)
-        s.update(sample_seed=o.sample_seed)
+        s.update({k: getattr(o, k) for k in ("sample", "sample_topk", "sample_topp", "temperature", "sample_seed")})
     if cfg.baseline:
         if model_baseline:
             same = {"checkpoint": model_baseline, "ensemble": [], "beam_size": beam, "length_penalty": alpha}

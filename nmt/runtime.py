@@ -83,9 +83,11 @@ def search_options(cfg: Any, stored: dict | None = None) -> tuple[SearchOptions,
             temperature=cfg.temperature,
             sample_seed=cfg.sample_seed,
         )
-        top = [f"top-k {cfg.sample_topk}"] * bool(cfg.sample_topk) + [f"top-p {cfg.sample_topp:g}"] * (
-            cfg.sample_topp < 1
-        )
+        top = []
+        if cfg.sample_topk:
+            top.append(f"top-k {cfg.sample_topk}")
+        if cfg.sample_topp < 1:
+            top.append(f"top-p {cfg.sample_topp:g}")
         return options, (
             f"sampling at temperature {cfg.temperature:g} from {' and '.join(top) or 'all pieces'}, "
             f"{f'{cfg.n_best} draws per line, ' if cfg.n_best > 1 else ''}sample_seed={cfg.sample_seed} "

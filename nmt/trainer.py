@@ -157,12 +157,16 @@ class Validator:
             "example": hyps[0] if hyps else "",
         }
 
+    def _translator(self, model: Seq2Seq | None, search: SearchOptions | None = None) -> Translator:
+        """The validation translator, or one like it for another ``model`` (a weight average) or ``search``."""
+        tr = self.translator
+        if (model is None or model is tr.model) and search is None:
+            return tr
+        return Translator(model or tr.model, tr.tok, tr.device, search or tr.search, tr.max_tokens, tr.max_input_len)
+
     def hypotheses(self, model: Seq2Seq, search: SearchOptions | None = None) -> list[str]:
         """``model``'s translations of the BLEU sentences, with the validation search or ``search``."""
-        tr = self.translator
-        if model is not tr.model or search is not None:
-            tr = Translator(model, tr.tok, tr.device, search or tr.search, tr.max_tokens, tr.max_input_len)
-        return [t.text for t in tr.translate(self.bleu_src)]
+        return [t.text for t in self._translator(model, search).translate(self.bleu_src)]
 
     def bleu(self, model: Seq2Seq, search: SearchOptions | None = None) -> float:
         """Corpus BLEU of ``model`` on the BLEU sentences (the validation search, or ``search``)."""
@@ -178,9 +182,7 @@ class Validator:
         ``model`` (default: the translator's)."""
         if self.plot_sentences <= 0:
             return {}
-        tr = self.translator
-        if model is not None and model is not tr.model:
-            tr = Translator(model, tr.tok, tr.device, tr.search, tr.max_tokens, tr.max_input_len)
+        tr = self._translator(model)
         from nmt.plots import heatmap  # matplotlib (~0.6 s to import): only when heatmaps are drawn
 
         self.plot_dir.mkdir(parents=True, exist_ok=True)
@@ -208,11 +210,12 @@ class WeightAverage:
         self.decay = decay
         self.model = copy.deepcopy(model)
         self.model.requires_grad_(False)
+        self._averaged = list(self.model.parameters())  # listed once, not at every update
 
     @torch.no_grad()
     def update(self, model: Seq2Seq, t: int) -> None:
         d = min(self.decay, (1 + t) / (10 + t))
-        torch._foreach_lerp_(list(self.model.parameters()), list(model.parameters()), 1.0 - d)
+        torch._foreach_lerp_(self._averaged, list(model.parameters()), 1.0 - d)
 
 
 @dataclass
