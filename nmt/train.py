@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from nmt.cli import command
 from nmt.config import register_configs
-from nmt.data import prepare_corpus
+from nmt.data import build_specs, check_corpus, prepare_corpus
 from nmt.errors import NmtError
 from nmt.rundir import RunDir, run_to_resume
 
@@ -83,8 +83,10 @@ def main(cfg: DictConfig) -> float:
             )
             adopt(run_dir, chosen)
             run_dir = chosen.root
-        if "RANK" not in os.environ:  # one process: the corpus is found (or fetched) before torch is loaded
+        if "RANK" not in os.environ:  # one process: the corpus is found (or fetched) and checked before torch
             prepare_corpus(cfg.data)  # (torchrun's ranks do it in run(), rank 0 first)
+            if cfg.data.strict:
+                check_corpus(build_specs(cfg.data)["train"])
         from nmt.runner import resume_command, run
 
         try:

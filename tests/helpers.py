@@ -127,3 +127,22 @@ def source_file(sample_dir: Path, folder: Path, n: int) -> tuple[list[str], Path
     src = folder / "src.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return lines, src
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+def refused_before_torch(module: str, argv: list[str], tmp_path: Path) -> str:
+    """Run ``python -m module argv`` in-process under runpy: it must exit 2 with one error line, torch never
+    imported; returns that line."""
+    code = (
+        f"import sys, runpy; sys.argv = {[module, *argv]!r}\n"
+        f"try:\n    runpy.run_module({module!r}, run_name='__main__')\n"
+        "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)"
+    )
+    e = {**env(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "2 False", proc.stdout + proc.stderr[-2000:]
+    (line,) = error_lines(proc)
+    return line

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, env
+from helpers import REPO, env, error_lines, refused_before_torch
 from nmt.config import CHOICES, TrainConfig, field_help, validate
 from nmt.errors import ConfigError
 
@@ -26,10 +26,6 @@ def run_in(cwd: Path, module: str, args: list[str], timeout: int = 60) -> subpro
         text=True,
         timeout=timeout,
     )
-
-
-def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
-    return [line for line in proc.stderr.splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize(
@@ -185,21 +181,6 @@ def test_the_commands_check_their_config_before_importing_torch():
     code = f"import sys, {', '.join(commands)}; print([m for m in {heavy!r} if m in sys.modules])"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
-
-
-def refused_before_torch(module: str, argv: list[str], tmp_path: Path) -> str:
-    """Run ``python -m module argv`` in-process under runpy: it must exit 2 with one error line, torch never
-    imported; returns that line."""
-    code = (
-        f"import sys, runpy; sys.argv = {[module, *argv]!r}\n"
-        f"try:\n    runpy.run_module({module!r}, run_name='__main__')\n"
-        "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)"
-    )
-    e = {**env(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=60)
-    assert proc.stdout.strip() == "2 False", proc.stdout + proc.stderr[-2000:]
-    (line,) = error_lines(proc)
-    return line
 
 
 @pytest.mark.parametrize("module", ["nmt.translate", "nmt.evaluate", "nmt.serve"])

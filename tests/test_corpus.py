@@ -59,6 +59,21 @@ def test_strict_makes_the_first_bad_line_fatal(tmp_path):
         list(read_tsv(path, strict=True))
 
 
+def test_the_strict_check_reads_a_file_again_once_it_changed(tmp_path):
+    """nmt.train checks a strict corpus before importing torch and the run checks it again; the second check
+    skips an unchanged file but never a changed one."""
+    from nmt.data import check_corpus
+
+    path = write(tmp_path / "c.tsv", GOOD.encode())
+    spec = CorpusSpec(path=path, strict=True)
+    check_corpus(spec)
+    check_corpus(spec)  # unchanged: passed before
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("no tab here\n")
+    with pytest.raises(CorpusError, match=r"c\.tsv:2: expected 2 tab-separated columns"):
+        check_corpus(spec)
+
+
 def test_line_numbers_follow_newlines_not_unicode_separators(tmp_path, caplog):
     # U+2028 is a line boundary for str.splitlines but not a new line of the file.
     path = write(tmp_path / "c.tsv", ("A\u2028B.\tX.\n" + "bad\n").encode())

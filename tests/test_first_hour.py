@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import REPO, TINY, env, popen_module, run_module, tiny_sweep
+from helpers import REPO, TINY, env, popen_module, refused_before_torch, run_module, tiny_sweep
 from nmt.rundir import disk_usage
 from nmt.trainer import nice_interval
 
@@ -156,12 +156,11 @@ def test_strict_corpus_error_is_one_line_before_training(tmp_path, sample_dir):
         (corpus / f"{split}.tsv").write_bytes((sample_dir / f"{split}.tsv").read_bytes())
     good = (sample_dir / "train.tsv").read_bytes().splitlines(keepends=True)
     (corpus / "train.tsv").write_bytes(b"".join(good[:50]) + b"no tab on this line\n" + b"".join(good[50:]))
-    args = [f"data.dir={corpus}", "data.strict=true", *TINY, f"hydra.run.dir={tmp_path}/run"]
-    proc = run_module("nmt.train", args, tmp_path / "cache", check=False)
-    assert proc.returncode == 2
-    assert f"{corpus}/train.tsv:51: expected 2 tab-separated columns" in proc.stderr
-    assert "Traceback" not in proc.stderr and "DataLoader worker" not in proc.stderr
-    assert "sentencepiece" not in proc.stderr  # found before any tokenizer work
+    # One error line, exit 2, and torch never imported: found before the model, sentencepiece or the stream
+    line = refused_before_torch("nmt.train", [f"data.dir={corpus}", "data.strict=true", *TINY], tmp_path)
+    expected = "expected 2 tab-separated columns (source<TAB>target), found 1 (data.strict=true)"
+    assert line.endswith(f"{corpus}/train.tsv:51: {expected}"), line
+    assert not (tmp_path / "outputs").exists()  # and no run folder left behind
 
 
 def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_dir):
