@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -156,6 +157,25 @@ class RunDir:
             except OSError:  # removed meanwhile (pruned by a running job)
                 pass
         return max(times, default=0.0)
+
+    def holds_only_hydra_files(self) -> bool:
+        """Whether the folder holds nothing but what Hydra writes for every command (``.hydra/``, the log):
+        a command that stopped before any work left nothing of its own here."""
+        return self.root.is_dir() and {p.name for p in self.root.iterdir()} <= {".hydra", self.log.name}
+
+    def remove_if_unused(self, empty_parents: int = 0) -> bool:
+        """Delete the folder when it holds only Hydra's files (see above), then up to ``empty_parents`` of its
+        parents that are left empty (Hydra's ``outputs/DATE/`` and ``outputs/``, for a folder it named);
+        returns whether it was deleted. Close a file log into it first."""
+        if not self.holds_only_hydra_files():
+            return False
+        shutil.rmtree(self.root, ignore_errors=True)
+        for parent in self.root.parents[:empty_parents]:
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (other runs, other days): kept, and so are the ones above it
+                break
+        return True
 
     def overrides(self) -> list[str]:
         """The command-line overrides the run was started with (Hydra's ``.hydra/overrides.yaml``), or []."""

@@ -12,10 +12,8 @@ Examples::
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -54,18 +52,7 @@ def adopt(fresh: Path, chosen: RunDir) -> None:
         new.setFormatter(h.formatter)
         new.setLevel(h.level)
         logging.getLogger().addHandler(new)
-    drop_if_unused(fresh)
-
-
-def unused(run_dir: Path) -> bool:
-    """Whether a run directory holds nothing but Hydra's own files (config copies, the log)."""
-    return run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}
-
-
-def drop_if_unused(run_dir: Path) -> None:
-    """Remove a run directory that holds nothing but Hydra's own files (config copies, an empty log)."""
-    if unused(run_dir):
-        shutil.rmtree(run_dir, ignore_errors=True)
+    RunDir(fresh).remove_if_unused()
 
 
 @command("train")
@@ -101,13 +88,10 @@ def main(cfg: DictConfig) -> float:
             )
             sys.exit(130)
     except NmtError as e:
-        if unused(run_dir):  # a mistake found before any work: the error, and no empty run folder left behind
+        if RunDir(run_dir).holds_only_hydra_files():  # a mistake found before any work: no empty folder is left
             detach_file_log()
-            shutil.rmtree(run_dir, ignore_errors=True)
-            if not given:  # Hydra's own outputs/DATE/TIME: drop the DATE and outputs folders too when now empty
-                for parent in (run_dir.parent, run_dir.parent.parent):
-                    with contextlib.suppress(OSError):
-                        parent.rmdir()
+            # Hydra's own outputs/DATE/TIME: the DATE and outputs folders go too when left empty
+            RunDir(run_dir).remove_if_unused(empty_parents=0 if given else 2)
         log.error("%s", e)
         sys.exit(2)
     return float(result.get("bleu", 0.0))  # the sweep objective, for optimiser plugins

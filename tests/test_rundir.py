@@ -177,3 +177,20 @@ def test_disk_usage_counts_hard_links_once(tmp_path):
     assert disk_usage(run.root) == 2 * one
     (run.root / "link.pt").symlink_to(last)
     assert disk_usage(run.root) == 2 * one
+
+
+def test_a_folder_with_only_hydras_files_is_removed_with_its_empty_parents(tmp_path):
+    """A command that stopped before any work leaves no folder behind; a folder with anything of a run stays."""
+    day = tmp_path / "outputs" / "2026-11-27"
+    fresh, other = RunDir(day / "10-00-00"), RunDir(day / "09-00-00")
+    for rd in (fresh, other):
+        (rd.root / ".hydra").mkdir(parents=True)
+        rd.log.write_text("")
+    other.checkpoints.mkdir()
+    assert fresh.holds_only_hydra_files() and not other.holds_only_hydra_files()
+    assert not other.remove_if_unused(empty_parents=2) and other.root.is_dir()
+    assert fresh.remove_if_unused(empty_parents=2) and not fresh.root.exists()
+    assert day.is_dir()  # it still holds the other run, and so outputs/ stays too
+    other.checkpoints.rmdir()
+    assert other.remove_if_unused(empty_parents=2)
+    assert not (tmp_path / "outputs").exists() and tmp_path.is_dir()  # DATE and outputs went, nothing above
