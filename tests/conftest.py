@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,16 +56,26 @@ def seeded():
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, sample_dir):
-    """A tiny model trained for real through the CLI: (run dir, tokenizer cache, the finished process)."""
+    """A tiny model trained for real through the CLI: (run dir, tokenizer cache, the finished process).
+
+    Trained once per test session: under ``pytest -n N`` the first worker to ask trains it (the others wait on
+    a lock) and every worker reads the same run, so tests must copy it before changing it."""
     from helpers import TINY, run_module
 
-    root = tmp_path_factory.mktemp("e2e")
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the folder the workers' own temporary folders share
+    root, done = base / "e2e", base / "e2e.json"
     run = root / "run"
-    tiny = [x for x in TINY if not x.startswith("trainer.plot_attention=")]  # the default: 3 heatmaps per validation
-    args = [f"data.dir={sample_dir}", *tiny, "trainer.max_steps=120", "trainer.valid_every=40", f"hydra.run.dir={run}"]
-    args.append("trainer.tensorboard=true")  # tests/test_end_to_end.py reads its event files
-    proc = run_module("nmt.train", args, root / "cache")
-    return run, root / "cache", proc
+    with open(base / "e2e.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            tiny = [x for x in TINY if not x.startswith("trainer.plot_attention=")]  # the default: 3 heatmaps
+            args = [f"data.dir={sample_dir}", *tiny, "trainer.max_steps=120", "trainer.valid_every=40"]
+            args += [f"hydra.run.dir={run}", "trainer.tensorboard=true"]  # test_end_to_end.py reads the events
+            proc = run_module("nmt.train", args, root / "cache")
+            done.write_text(json.dumps({k: getattr(proc, k) for k in ("args", "returncode", "stdout", "stderr")}))
+    return run, root / "cache", subprocess.CompletedProcess(**json.loads(done.read_text()))
 
 
 def pytest_report_header(config) -> str:
