@@ -46,6 +46,10 @@ class DataConfig:
     fetch: bool = True
     # Malformed corpus lines are counted and reported; strict=true makes them fatal.
     strict: bool = False
+    # TSV files: [S, T] reads the source from column S and the target from column T (0-based) of lines with any
+    # number of columns: [1,0] trains the other direction, [0,1] reads the manythings.org/Anki exports (a third
+    # attribution column). Unset: exactly two columns, source<TAB>target.
+    columns: list[int] | None = None
     # Pairs longer than this many pieces (either side) are left out of training.
     max_len: int = 50
     # Token budget per batch: n_sentences * max(padded src len, padded tgt len) <= max_tokens.
@@ -298,6 +302,9 @@ class TranslateConfig(DecodeConfig):
 @dataclass
 class EvaluateConfig(DecodeConfig):
     input: str = MISSING  # TSV: source in column 1, reference in column 2
+    # [S, R]: the source in column S, the reference in column R (0-based), lines may have more columns, as
+    # data.columns in training. Unset: exactly two columns, source<TAB>reference.
+    columns: list[int] | None = None
     hypotheses: str | None = None  # also write the translations here, one per TSV line
     json: str | None = None  # also write the scores here
     # A second system to test against (paired bootstrap, sacrebleu): a checkpoint (*.pt, decoded with
@@ -499,6 +506,13 @@ def _range_problems(cfg: Any, tables: dict[str, tuple] | None = None) -> list[st
     ]
 
 
+def columns_problem(key: str, columns: Any) -> list[str]:
+    """``data.columns`` / evaluate's ``columns``: unset, or two different column numbers >= 0."""
+    if columns is None or (len(columns) == 2 and min(columns) >= 0 and columns[0] != columns[1]):
+        return []
+    return [f"{key}={list(columns)}: expected two different 0-based column numbers [SOURCE,TARGET], e.g. [1,0]"]
+
+
 def _train_problems(cfg: Any) -> list[str]:
     """Combinations that today fail only after the corpus, sentencepiece and the model are built."""
     problems = []
@@ -508,6 +522,7 @@ def _train_problems(cfg: Any) -> list[str]:
     problems += _schedule_problems(cfg.trainer)
     if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):  # else Adam's ValueError
         problems.append(f"trainer.betas={list(cfg.trainer.betas)}: expected two numbers in [0, 1), e.g. [0.9,0.999]")
+    problems += columns_problem("data.columns", cfg.data.columns)
     if cfg.data.num_workers not in (0, 1):
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
     if cfg.trainer.tensorboard and importlib.util.find_spec("tensorboard") is None:  # found, not imported
@@ -693,7 +708,8 @@ _SERVE_RANGES = (
 
 
 def _evaluate_problems(cfg: Any) -> list[str]:
-    return _decode_problems(cfg) + _range_problems(cfg, {"": _EVALUATE_RANGES})
+    problems = _decode_problems(cfg) + _range_problems(cfg, {"": _EVALUATE_RANGES})
+    return problems + columns_problem("columns", cfg.columns)
 
 
 def _serve_problems(cfg: Any) -> list[str]:

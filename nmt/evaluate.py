@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt.cli import check_paths, command
 from nmt.config import register_configs
-from nmt.data.corpus import CorpusSpec, load_pairs
-from nmt.errors import NmtError
+from nmt.data.corpus import CorpusSpec, check_layout, load_pairs
+from nmt.errors import ConfigError, NmtError
 
 # Startup: only the launcher is imported up front, so `--help` and a config mistake answer in about a
 # second; the model code (nmt.runtime, nmt.translator: torch) comes in when there is something to score.
@@ -119,6 +119,18 @@ def format_table(checkpoint: str, test: str, beam: int | str, s: dict) -> str:
     return "\n".join(lines)
 
 
+def check_direction(trained: tuple[int, int] | None, given: tuple[int, int] | None, path: str) -> None:
+    """A model trained on the later column as its source (data.columns=[1,0]: Spanish to English from en<TAB>es
+    files) would be scored on the wrong side of a source<TAB>reference file: its input's columns must be named."""
+    if given is None and trained is not None and trained[0] > trained[1]:
+        as_trained = f"[{trained[0]},{trained[1]}]"
+        raise ConfigError(
+            f"this checkpoint's run read its source from column {trained[0]} and its target from column "
+            f"{trained[1]} (data.columns={as_trained}); say which columns of {path} hold the source and the "
+            f"reference: columns={as_trained} as in training, or columns=[0,1] if its source comes first"
+        )
+
+
 @command("evaluate")
 def main(cfg: DictConfig) -> None:
     # baseline: a checkpoint decoded with the same search settings, or a file of hypotheses, one per input line
@@ -127,11 +139,15 @@ def main(cfg: DictConfig) -> None:
     check_paths([cfg.checkpoint, *cfg.ensemble, model_baseline], [cfg.input, file_baseline], [cfg.hypotheses, cfg.json])
     # Every line is scored, and hypotheses= writes one line per input line: a malformed line is refused (one
     # line naming file:line, exit 2) before torch is loaded, not skipped into a score over fewer sentences.
-    pairs = load_pairs(CorpusSpec(cfg.input, strict=True), why_strict="nmt.evaluate scores every line of its input")
+    columns = tuple(cfg.columns) if cfg.columns else None
+    check_layout(cfg.input, columns, "columns")  # a file with, e.g., a third column: how to read it, in one line
+    spec = CorpusSpec(cfg.input, strict=True, columns=columns)
+    pairs = load_pairs(spec, why_strict="nmt.evaluate scores every line of its input", columns_key="columns")
     from nmt.runtime import load_translator
     from nmt.translator import workers
 
     tr = load_translator(cfg)
+    check_direction(tr.trained_columns, columns, cfg.input)
     sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
     with workers(tr, cfg.workers) as tx:
         hyps = [t.text for t in tx.translate(sources)]

@@ -161,10 +161,9 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     if not d.is_main:
         prepare_corpus(cfg.data)
     specs = build_specs(cfg.data)
-    if cfg.data.strict and d.is_main:
-        check_corpus(specs["train"])  # a bad line stops the run here, not in the DataLoader worker later
-    if d.is_main:  # after the corpus checks: a command that fails them leaves no folder to name
-        log.info("run directory: %s", run_dir)
+    if d.is_main:
+        check_corpus(specs)  # a misread layout or (strict) a bad line stops the run here, not in a DataLoader worker
+        log.info("run directory: %s", run_dir)  # after the corpus checks: a command failing them names no folder
     resume_from = rundir.resumable(device) if cfg.trainer.resume else None
     if cfg.trainer.resume and resume_from is None:
         if rundir.is_resumable():  # checkpoint files exist, but none could be read (warnings above)

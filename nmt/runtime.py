@@ -145,6 +145,7 @@ def load_translator(cfg: Any) -> Translator:
     search, used = search_options(cfg, ckpt.get("decoding"))
     model, tok = model_from_checkpoint(ckpt, device)
     short = load_shortlist(ckpt, cfg.get("shortlist", False))
+    columns = (ckpt.get("config") or {}).get("data", {}).get("columns")
     del ckpt
     if cfg.ensemble:
         members = [model]
@@ -158,7 +159,10 @@ def load_translator(cfg: Any) -> Translator:
     model = quant.quantize(model, mode)  # int8 products for CPU decoding; the model itself when none
     amp, cache = cfg.get("amp", "auto"), cfg.get("amp_cache")
     log.info("decoding products: %s", decode_products(model, amp, mode, device, cache))
-    return Translator(model, tok, device, search, max_input_len=cfg.max_input_len, shortlist=short)
+    trained = tuple(columns) if columns else None
+    return Translator(
+        model, tok, device, search, max_input_len=cfg.max_input_len, shortlist=short, trained_columns=trained
+    )
 
 
 def load_shortlist(ckpt: dict, use: bool) -> Shortlist | None:

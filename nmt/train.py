@@ -72,8 +72,7 @@ def main(cfg: DictConfig) -> float:
             run_dir = chosen.root
         if "RANK" not in os.environ:  # one process: the corpus is found (or fetched) and checked before torch
             prepare_corpus(cfg.data)  # (torchrun's ranks do it in run(), rank 0 first)
-            if cfg.data.strict:
-                check_corpus(build_specs(cfg.data)["train"])
+            check_corpus(build_specs(cfg.data))
         from nmt.runner import resume_command, run
 
         try:

@@ -47,9 +47,12 @@ class Translator:
         max_tokens: int = 4000,
         max_input_len: int = 256,
         shortlist: Shortlist | None = None,
+        trained_columns: tuple[int, int] | None = None,
     ):
-        """``shortlist``: search each batch over its lexical shortlist of target pieces (nmt.shortlist)."""
+        """``shortlist``: search each batch over its lexical shortlist of target pieces (nmt.shortlist).
+        ``trained_columns``: the (source, target) TSV columns the model's training read (its data.columns)."""
         self.model, self.tok, self.device = model, tokenizer, device
+        self.trained_columns = trained_columns
         self.search = search or SearchOptions()
         self.max_tokens, self.max_input_len = max_tokens, max_input_len
         self.shortlist = shortlist.to(device) if shortlist is not None else None

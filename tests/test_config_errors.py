@@ -87,6 +87,9 @@ def test_missing_corpus_says_what_to_run(tmp_path):
         ("attention.dim=-1", "attention.dim=-1: expected an integer >= 0"),
         ("trainer.threads=-1", "trainer.threads=-1: expected an integer >= 0 (0 = torch's default)"),
         ("trainer.betas=[1.5,0.9]", "trainer.betas=[1.5, 0.9]: expected two numbers in [0, 1), e.g. [0.9,0.999]"),
+        ("data.columns=[1,1]", "data.columns=[1, 1]: expected two different 0-based column numbers [SOURCE,TARGET]"),
+        ("data.columns=[-1,0]", "data.columns=[-1, 0]: expected two different 0-based column numbers"),
+        ("data.columns=[2]", "data.columns=[2]: expected two different 0-based column numbers"),
     ],
 )
 def test_numeric_keys_out_of_range_are_refused(override, expect):
@@ -107,6 +110,7 @@ def test_numeric_keys_out_of_range_are_refused(override, expect):
         ("translate", ["max_input_len=0"], "max_input_len=0: expected an integer >= 1"),
         ("evaluate", ["bootstrap_samples=0"], "bootstrap_samples=0: expected an integer >= 1 (sacrebleu uses 1000)"),
         ("translate", ["min_len_ratio=5", "max_len_ratio=1"], "min_len_ratio=5.0 > max_len_ratio=1.0: a long line's"),
+        ("evaluate", ["columns=[0,1,2]"], "columns=[0, 1, 2]: expected two different 0-based column numbers"),
     ],
 )
 def test_search_numbers_out_of_range_are_refused(command, overrides, expect):

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from nmt.data.corpus import CorpusSpec, Malformed, check_line, load_pairs, read_tsv, stream_pairs
+from nmt.data.corpus import CorpusSpec, Malformed, check_layout, check_line, load_pairs, read_tsv, stream_pairs
 from nmt.errors import CorpusError
 
 GOOD = "Hello.\tHola.\n"
@@ -66,12 +66,58 @@ def test_the_strict_check_reads_a_file_again_once_it_changed(tmp_path):
 
     path = write(tmp_path / "c.tsv", GOOD.encode())
     spec = CorpusSpec(path=path, strict=True)
-    check_corpus(spec)
-    check_corpus(spec)  # unchanged: passed before
+    check_corpus({"train": spec, "valid": spec})
+    check_corpus({"train": spec, "valid": spec})  # unchanged: passed before
     with open(path, "a", encoding="utf-8") as f:
         f.write("no tab here\n")
     with pytest.raises(CorpusError, match=r"c\.tsv:2: expected 2 tab-separated columns"):
-        check_corpus(spec)
+        check_corpus({"train": spec, "valid": spec})
+
+
+def test_columns_choose_the_source_and_target_of_lines_with_any_number_of_columns(tmp_path):
+    """data.columns=[1,0] trains the other direction from the same files; [0,1] reads the manythings.org/Anki
+    exports (a third, attribution column), which the default (exactly two columns) refuses line by line."""
+    three = b"Hello.\tHola.\tCC-BY 2.0 (France) Attribution: tatoeba.org #1\n"
+    assert check_line(three, (1, 0)) == ("Hola.", "Hello.")
+    assert check_line(three, (0, 2))[1].startswith("CC-BY")
+    assert check_line(b"Hello.\tHola.\n", (1, 0)) == ("Hola.", "Hello.")
+    assert isinstance(check_line(three), Malformed) and check_line(three).columns == 3
+    short = check_line(b"Hello.\tHola.\n", (0, 2))
+    assert (
+        short.detail
+        == "expected at least 3 tab-separated columns (source in column 0, target in column 2, from 0), found 2"
+    )
+    path = write(tmp_path / "c.tsv", three * 3)
+    assert load_pairs(CorpusSpec(path, columns=(1, 0))) == [("Hola.", "Hello.")] * 3
+    with pytest.raises(CorpusError, match=r"every line has 3 tab-separated columns and data\.columns is unset"):
+        list(read_tsv(path))
+    with pytest.raises(CorpusError, match=r"e\.g\. columns=\[0,1\]"):  # nmt.evaluate names its own key
+        load_pairs(CorpusSpec(path), columns_key="columns")
+
+
+def test_the_tokenizer_cache_tells_the_directions_apart(tmp_path):
+    """data.columns=[1,0] trains the source model on the other column: its cache entry is not the default's,
+    which keeps the name it had before the key existed."""
+    from nmt.data import corpus_id
+
+    path = write(tmp_path / "c.tsv", GOOD.encode())
+    plain, forward, reverse = (corpus_id(CorpusSpec(path, columns=c)) for c in (None, (0, 1), (1, 0)))
+    assert len({plain, forward, reverse}) == 3 and plain.endswith(":en-es") and reverse.endswith(":columns1,0")
+
+
+def test_a_file_laid_out_otherwise_is_found_from_its_first_lines(tmp_path):
+    """Checked before torch (nmt.train): when none of the first lines reads and all have the same wrong number
+    of columns, one line says how to read the file; a good line among them leaves the bad ones to the pass."""
+    three = b"a\tb\tc\n"
+    path = write(tmp_path / "c.tsv", three * 50)
+    with pytest.raises(CorpusError, match=r"c\.tsv: every line has 3 .* e\.g\. data\.columns=\[0,1\]"):
+        check_layout(path, None)
+    with pytest.raises(CorpusError, match=r"every line has 3 tab-separated columns, too few for data\.columns=\[0,3\]"):
+        check_layout(path, (0, 3))
+    check_layout(path, (2, 0))
+    check_layout(write(tmp_path / "mixed.tsv", three + GOOD.encode() + three * 30), None)
+    with pytest.raises(CorpusError, match="no line has a tab"):
+        check_layout(write(tmp_path / "spaces.tsv", b"Hello. Hola.\n" * 5), None)
 
 
 def test_line_numbers_follow_newlines_not_unicode_separators(tmp_path, caplog):

@@ -163,6 +163,38 @@ def test_strict_corpus_error_is_one_line_before_training(tmp_path, sample_dir):
     assert not (tmp_path / "outputs").exists()  # and no run folder left behind
 
 
+def test_a_corpus_with_an_attribution_column_is_named_before_torch_and_read_with_data_columns(tmp_path, sample_dir):
+    """The manythings.org/Anki exports have a third column: refused from their first lines, before torch, with
+    the key that reads them; data.columns=[1,0] trains Spanish to English from the same files, and nmt.evaluate
+    asks which side of its input is the source instead of scoring the reversed model on English."""
+    corpus, cache = tmp_path / "corpus", tmp_path / "cache"
+    corpus.mkdir()
+    for split in ("train", "valid"):
+        lines = (sample_dir / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
+        (corpus / f"{split}.tsv").write_text("".join(f"{x}\tCC-BY 2.0 (France) #{i}\n" for i, x in enumerate(lines)))
+    line = refused_before_torch("nmt.train", [f"data.dir={corpus}", *TINY], tmp_path)
+    assert line.endswith(
+        f"{corpus}/train.tsv: every line has 3 tab-separated columns and data.columns is unset "
+        "(exactly two: source<TAB>target); name the source and target columns, e.g. "
+        "data.columns=[0,1] (0-based; the manythings.org/Anki exports carry a third, attribution "
+        "column)"
+    ), line
+    run = tmp_path / "run"
+    args = [f"data.dir={corpus}", *TINY, "data.columns=[1,0]", "trainer.max_steps=10", "trainer.valid_every=10"]
+    proc = run_module("nmt.train", [*args, f"hydra.run.dir={run}"], cache)
+    assert "malformed" not in proc.stderr and "validation at step 10" in proc.stderr
+    best = f"checkpoint={run}/checkpoints/best.pt"
+    for given, says in [
+        (f"input={corpus}/valid.tsv", "every line has 3 tab-separated columns and columns is unset"),
+        (f"input={sample_dir}/valid.tsv", f"say which columns of {sample_dir}/valid.tsv hold the source and the"),
+    ]:
+        refused = run_module("nmt.evaluate", [best, given], cache, check=False)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr and says in refused.stderr, refused.stderr
+    assert "columns=[1,0] as in training, or columns=[0,1] if its source comes first" in refused.stderr
+    scored = run_module("nmt.evaluate", [best, f"input={corpus}/valid.tsv", "columns=[1,0]", "beam_size=1"], cache)
+    assert "BLEU" in scored.stdout and "200 lines" in scored.stdout + scored.stderr
+
+
 def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_dir):
     sweep = tmp_path / "sweep"
     procs = []  # data.dir: '/' in job names

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from nmt.data.corpus import CorpusError, CorpusSpec, read_tsv, stream_pairs
+from nmt.data.corpus import CorpusError, CorpusSpec, check_layout, read_tsv, stream_pairs
 from nmt.data.tokenizer import Tokenizer, file_fingerprint, train_or_load
 from nmt.errors import ConfigError
 
@@ -61,27 +61,34 @@ def prepare_corpus(data: Any) -> None:
     )
 
 
-_CHECKED: set[tuple[str, int, int]] = set()  # (path, size, mtime) of the files check_corpus passed
+_CHECKED: set[tuple[str, int, int]] = set()  # (path, size, mtime) of the files check_corpus read whole
 
 
-def check_corpus(spec: CorpusSpec) -> None:
-    """Read a whole TSV split once under data.strict=true, so a malformed line stops the run before
-    torch, sentencepiece and training start (0.2 s for 10^5 lines). ``nmt.train`` checks before importing
-    torch and the run checks again (torchrun's ranks, in-process callers): an unchanged file is read once."""
-    if spec.hub_path is not None:
+def check_corpus(specs: dict[str, CorpusSpec]) -> None:
+    """Before torch, sentencepiece and training: the first lines of the TSV train and valid files must read as
+    the config says (``check_layout``: one line on how to read a file whose every line has, e.g., a third
+    column), and under data.strict=true every line of train must (0.2 s for 10^5 lines). ``nmt.train`` checks
+    before importing torch and the run checks again (torchrun's ranks, in-process callers): an unchanged file
+    is read whole once."""
+    for split in TRAINING_SPLITS:
+        if specs[split].hub_path is None:
+            check_layout(specs[split].path, specs[split].columns)
+    train = specs["train"]
+    if train.hub_path is not None or not train.strict:
         return
-    st = Path(spec.path).stat()
-    key = (str(Path(spec.path).resolve()), st.st_size, st.st_mtime_ns)
+    st = Path(train.path).stat()
+    key = (str(Path(train.path).resolve()), st.st_size, st.st_mtime_ns)
     if key in _CHECKED:
         return
-    for _ in read_tsv(spec.path, strict=True):
+    for _ in read_tsv(train.path, strict=True, columns=train.columns):
         pass
     _CHECKED.add(key)
 
 
 def build_specs(data: Any) -> dict[str, CorpusSpec]:
     """One ``CorpusSpec`` per split (train/valid/test) from the ``data`` config section."""
-    common = dict(src_lang=data.src_lang, tgt_lang=data.tgt_lang, strict=data.strict)
+    columns = tuple(data.columns) if data.get("columns") else None  # .get: configs saved before the key
+    common = dict(src_lang=data.src_lang, tgt_lang=data.tgt_lang, strict=data.strict, columns=columns)
     if data.source == "hub":
         if not data.hub_path:
             raise ConfigError("data.source=hub needs data.hub_path (e.g. Helsinki-NLP/opus-100)")
@@ -95,17 +102,26 @@ def build_specs(data: Any) -> dict[str, CorpusSpec]:
     return {s: CorpusSpec(path=str(Path(data.dir) / getattr(data, s)), **common) for s in ("train", "valid", "test")}
 
 
-def build_tokenizer(tok: Any, train: CorpusSpec) -> Tokenizer:
-    """Train sentencepiece on (a sample of) the training stream, or reuse the cached model."""
-    corpus_id = (
+def corpus_id(train: CorpusSpec) -> str:
+    """What names the training text in the sentencepiece cache key: the file's fingerprint (or the Hub split),
+    the languages, and which TSV columns are source and target (data.columns; unset adds nothing, so caches of
+    earlier versions stay valid), since [1,0] swaps what the source and target models learn from."""
+    name = (
         f"hub:{train.hub_path}:{train.hub_name}:{train.split}"
         if train.hub_path
         else f"tsv:{file_fingerprint(train.path)}"
     )
-    corpus_id += f":{train.src_lang}-{train.tgt_lang}"
+    name += f":{train.src_lang}-{train.tgt_lang}"
+    if train.columns is not None:
+        name += f":columns{train.columns[0]},{train.columns[1]}"
+    return name
+
+
+def build_tokenizer(tok: Any, train: CorpusSpec) -> Tokenizer:
+    """Train sentencepiece on (a sample of) the training stream, or reuse the cached model."""
     return train_or_load(
         stream_pairs(train),
-        corpus_id,
+        corpus_id(train),
         tok.cache_dir,
         tok.model_type,
         tok.vocab_size,
