@@ -47,8 +47,8 @@ class DataConfig:
     # Malformed corpus lines are counted and reported; strict=true makes them fatal.
     strict: bool = False
     # TSV files: [S, T] reads the source from column S and the target from column T (0-based) of lines with any
-    # number of columns: [1,0] trains the other direction, [0,1] reads the manythings.org/Anki exports (a third
-    # attribution column). Unset: exactly two columns, source<TAB>target.
+    # number of columns: [1,0] trains the other direction, [0,1] reads files with more columns (the manythings.org/
+    # Anki exports carry a third, attribution column). Unset: exactly two columns, source<TAB>target.
     columns: list[int] | None = None
     # Pairs longer than this many pieces (either side) are left out of training.
     max_len: int = 50
