@@ -164,6 +164,9 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     if d.is_main:
         check_corpus(specs)  # a misread layout or (strict) a bad line stops the run here, not in a DataLoader worker
         log.info("run directory: %s", run_dir)  # after the corpus checks: a command failing them names no folder
+        if cfg.data.columns and cfg.data.source == "tsv":
+            said = "corpus: the source is column %d and the target column %d of each line (data.columns, from 0)"
+            log.info(said, *cfg.data.columns)
     resume_from = rundir.resumable(device) if cfg.trainer.resume else None
     if cfg.trainer.resume and resume_from is None:
         if rundir.is_resumable():  # checkpoint files exist, but none could be read (warnings above)

@@ -183,6 +183,7 @@ def test_a_corpus_with_an_attribution_column_is_named_before_torch_and_read_with
     args = [f"data.dir={corpus}", *TINY, "data.columns=[1,0]", "trainer.max_steps=10", "trainer.valid_every=10"]
     proc = run_module("nmt.train", [*args, f"hydra.run.dir={run}"], cache)
     assert "malformed" not in proc.stderr and "validation at step 10" in proc.stderr
+    assert "corpus: the source is column 1 and the target column 0 of each line (data.columns, from 0)" in proc.stderr
     best = f"checkpoint={run}/checkpoints/best.pt"
     for given, says in [
         (f"input={corpus}/valid.tsv", "every line has 3 tab-separated columns and columns is unset"),
