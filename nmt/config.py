@@ -538,6 +538,11 @@ def _train_problems(cfg: Any) -> list[str]:
         )
     if cfg.data.source == "hub" and not cfg.data.hub_path:
         problems.append("data.source=hub needs data.hub_path (e.g. Helsinki-NLP/opus-100)")
+    if cfg.data.source == "hub" and cfg.data.columns:
+        problems.append(
+            f"data.columns={list(cfg.data.columns)} names TSV columns; a Hub dataset's sides are chosen by "
+            f"data.src_lang and data.tgt_lang ({cfg.data.src_lang} -> {cfg.data.tgt_lang} now)"
+        )
     problems += _model_problems(cfg)
     problems += _sampling_problems(cfg.tokenizer)
     if a.name == "dot" and dec.hidden_size != 2 * enc.hidden_size:

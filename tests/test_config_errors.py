@@ -101,6 +101,15 @@ def test_numeric_keys_out_of_range_are_refused(override, expect):
     assert len(e.value.lines) == 1 and e.value.lines[0].startswith(expect), e.value.lines
 
 
+def test_tsv_columns_on_a_hub_dataset_are_refused_not_ignored():
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS["train"], ["data=opus100_en_es", "data.columns=[1,0]"])
+    expect = "data.columns=[1, 0] names TSV columns; a Hub dataset's sides are chosen by data.src_lang and "
+    assert e.value.lines == [expect + "data.tgt_lang (en -> es now)"], e.value.lines
+
+
 @pytest.mark.parametrize(
     "command,overrides,expect",
     [
