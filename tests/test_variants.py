@@ -43,7 +43,7 @@ def test_variant_trains_and_validates(overrides, tmp_path, sample_dir, cache_env
 
 
 def test_experiment_presets_compose():
-    for exp in ("cpu_small", "cpu_best", "model_r", "bahdanau2015", "luong2015", "attention_zoo"):
+    for exp in ("cpu_small", "cpu_best", "model_r", "bahdanau2015", "luong2015", "attention_zoo", "smoke"):
         cfg = compose_cfg([f"experiment={exp}"])
         assert cfg.name == exp
         validate(cfg, "train")  # every preset passes the full check that nmt.train runs first
@@ -53,6 +53,9 @@ def test_experiment_presets_compose():
     assert cfg.decoder.order == "bahdanau" and cfg.attention.name == "bahdanau" and cfg.encoder.cell == "gru"
     cfg = compose_cfg(["experiment=cpu_small"])
     assert cfg.decoder.order == "luong" and cfg.attention.name == "general" and not cfg.decoder.input_feeding
+    cfg = compose_cfg(["experiment=smoke"])  # the install check: a bounded tiny run that validates, on any machine
+    assert 0 < cfg.trainer.max_steps <= 300 and 0 < cfg.trainer.valid_every < cfg.trainer.max_steps
+    assert cfg.device == "cpu" and cfg.encoder.hidden_size <= 64
     cfg = compose_cfg(["experiment=cpu_best"])  # the long preset: at most 2 hours, averaged at the end
     assert 0 < cfg.trainer.max_minutes <= 120 and 0 < cfg.trainer.average_last <= cfg.trainer.keep_last
 
