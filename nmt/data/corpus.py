@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from nmt.errors import CorpusError
 
@@ -52,7 +52,7 @@ class CorpusSpec:
 class Malformed(NamedTuple):
     kind: str  # what the end-of-pass summary counts
     detail: str  # what the per-line warning says
-    columns: int = 0  # how many columns a line of the wrong column count had
+    columns: int = -1  # how many columns a line of the wrong column count had (-1: another problem)
 
 
 def layout_hint(path: str, found: set[int], columns: tuple[int, int] | None, key: str) -> str:
@@ -81,19 +81,24 @@ def check_layout(path: str, columns: tuple[int, int] | None, key: str = "data.co
     it, in a second instead of after a pass over the file (or after torch, in a DataLoader worker)."""
     found, bad = set(), 0
     with Path(path).open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in _numbered_lines(f):
             if lineno > lines:
                 break
-            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8) :]
             got = check_line(raw, columns)
             if not isinstance(got, Malformed):
                 return  # one good line: the layout is right; bad lines are reported as they are read
-            found.add(got.columns if got.kind == "wrong column count" else -1)
+            found.add(got.columns)
             bad += 1
     hint = layout_hint(path, found, columns, key)
     if bad and hint:
         raise CorpusError(f"{path}: {hint}")
+
+
+def _numbered_lines(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """``(line number, raw line)`` from 1, without the byte-order mark of a "UTF-8 with BOM" export (Excel,
+    Notepad) on the first."""
+    for lineno, raw in enumerate(f, 1):
+        yield lineno, raw[len(codecs.BOM_UTF8) :] if lineno == 1 and raw.startswith(codecs.BOM_UTF8) else raw
 
 
 def check_line(raw: bytes, columns: tuple[int, int] | None = None) -> tuple[str, str] | Malformed:
@@ -147,16 +152,14 @@ def read_tsv(
     n_ok = 0
     quiet = str(p.resolve()) in _REPORTED
     with p.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # a "UTF-8 with BOM" export (Excel, Notepad)
-                raw = raw[len(codecs.BOM_UTF8) :]
+        for lineno, raw in _numbered_lines(f):
             parsed = check_line(raw, columns)
             if isinstance(parsed, Malformed):
                 msg = f"{path}:{lineno}: {parsed.detail}"
                 if strict:
                     raise CorpusError(f"{msg} ({why_strict})")
                 problems[parsed.kind] += 1
-                found.add(parsed.columns if parsed.kind == "wrong column count" else -1)
+                found.add(parsed.columns)
                 if not quiet and sum(problems.values()) <= MAX_REPORTED:
                     log.warning("skipping malformed line %s", msg)
                 continue
