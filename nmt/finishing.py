@@ -60,14 +60,22 @@ class DecodingGrid:
         return out
 
 
+def grid_line(beam_size: int, row: list[tuple[float, float]]) -> str:
+    """One beam size's scores as one log line: 'beam 1: BLEU 40.10' (greedy ignores the length penalty),
+    'beam 5, lp 1: BLEU 41.30', or 'beam 5, lp 0.6 / 1: BLEU 41.20 / 41.30' (penalties and scores in order)."""
+    if beam_size == 1:
+        return f"beam 1: BLEU {row[0][1]:.2f}"
+    alphas = " / ".join(f"{a:g}" for a, _ in row)
+    return f"beam {beam_size}, lp {alphas}: BLEU " + " / ".join(f"{b:.2f}" for _, b in row)
+
+
 def choose_decoding(score: Callable[[SearchOptions], float], grid: DecodingGrid) -> tuple[SearchOptions, float]:
     """The grid point with the highest ``score`` (BLEU); ties go to the smaller beam (faster), then to the
     length penalty nearest 1.0. Logs every point, a line per beam size."""
     results = [(o, score(o)) for o in grid.points()]
     for k in sorted({o.beam_size for o, _ in results}):
         row = [(o.alpha, b) for o, b in results if o.beam_size == k]
-        shown = f"{row[0][1]:.2f}" if k == 1 else "  ".join(f"lp {a:g}: {b:.2f}" for a, b in row)
-        log.info("  beam %d: BLEU %s", k, shown)
+        log.info("  %s", grid_line(k, row))
     return max(results, key=lambda r: (r[1], -r[0].beam_size, -abs(r[0].alpha - DEFAULT_SEARCH.alpha)))
 
 

@@ -185,6 +185,15 @@ def test_choose_decoding_tries_greedy_once_and_breaks_ties_towards_the_cheaper_s
     assert (best.beam_size, best.alpha) == (8, 0.6)
 
 
+def test_the_tuning_log_names_each_beams_length_penalties_beside_their_scores(caplog):
+    caplog.set_level(logging.INFO, logger="nmt.finishing")
+    choose_decoding(lambda o: o.beam_size * 10 + o.alpha, DecodingGrid((1, 2), (1.0,)))
+    assert [r.getMessage() for r in caplog.records] == ["  beam 1: BLEU 11.00", "  beam 2, lp 1: BLEU 21.00"]
+    caplog.clear()
+    choose_decoding(lambda o: o.beam_size * 10 + o.alpha, DecodingGrid((5,), (1.2, 0.6)))
+    assert [r.getMessage() for r in caplog.records] == ["  beam 5, lp 0.6 / 1.2: BLEU 50.60 / 51.20"]
+
+
 def test_choose_stop_keeps_early_only_where_it_loses_no_bleu():
     exact = SearchOptions(beam_size=5, alpha=0.8)
     best, bleu = choose_stop(lambda o: 30.0, exact, 30.0)
