@@ -154,7 +154,8 @@ class Validator:
             "ppl": math.exp(min(loss, 50.0)),
             "bleu": sacrebleu.corpus_bleu(hyps, [self.bleu_ref]).score,
             "chrf": sacrebleu.corpus_chrf(hyps, [self.bleu_ref]).score,
-            "example": hyps[0] if hyps else "",
+            # the first sentence and its translation, quoted so an empty one (an untrained model) shows
+            "example": f'first valid sentence: "{self.bleu_src[0]}" → "{hyps[0]}"' if hyps else "",
         }
 
     def _translator(self, model: Seq2Seq | None, search: SearchOptions | None = None) -> Translator:
@@ -668,14 +669,14 @@ class Trainer:
         if self.logger is not None:
             self.logger.log(record, step=p.step)
             log.info(
-                "validation at step %d: loss %.4f  ppl %.2f  BLEU %.2f  chrF %.2f%s | %s",
+                "validation at step %d: loss %.4f  ppl %.2f  BLEU %.2f  chrF %.2f%s%s",
                 p.step,
                 v["loss"],
                 v["ppl"],
                 v["bleu"],
                 v["chrf"],
                 "  (best)" if improved else "",
-                v["example"],
+                f" | {v['example']}" if v["example"] else "",
             )
             self.logger.log_images(self.validator.plot(p.step, self.evaluated), step=p.step)
         self.save(best=improved, step=p.step)

@@ -55,6 +55,10 @@ def test_a_short_run_names_its_folder_shows_eta_keeps_wandb_quiet_and_stores_che
     stop = next(i for i, x in enumerate(lines) if "stopping: reached trainer.max_steps=40" in x)
     assert all(i > stop for i, x in enumerate(lines) if "[nmt.finishing]" in x)
     assert f"python -m nmt.translate checkpoint={run}/checkpoints/best.pt" in tail
+    # each validation line shows the first valid sentence and its translation (quoted: it may be empty)
+    first = (sample_dir / "valid.tsv").read_text(encoding="utf-8").split("\t", 1)[0]
+    validations = [x for x in lines if "validation at step" in x]
+    assert validations and all(f'| first valid sentence: "{first}" → "' in x for x in validations), validations
     assert list((run / "wandb").glob("offline-run-*")), "nothing logged to wandb"
     chatter = [x for x in (proc.stdout + proc.stderr).splitlines() if "wandb" in x.lower() and "[nmt" not in x]
     assert chatter == [], chatter
