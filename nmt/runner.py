@@ -307,8 +307,9 @@ def finish(
                 done.decodes(done.averaged),
             )
         log.info(
-            "translate with: python -m nmt.translate checkpoint=%s input=FILE output=FILE",
-            done.recommended(best, p.best_bleu),
+            "translate with: python -m nmt.translate %s   (answers the lines you type, Ctrl-D ends; add "
+            "input=FILE output=FILE for a file)",
+            shlex.quote(f"checkpoint={done.recommended(best, p.best_bleu)}"),
         )
         limit = result.reason.split()[1].split("=")[0] if result.reason.startswith("reached trainer.") else None
         if limit:

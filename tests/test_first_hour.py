@@ -32,7 +32,7 @@ def test_a_short_run_names_its_folder_shows_eta_keeps_wandb_quiet_and_stores_che
     """One tiny run, several first-hour promises: the run directory in line 1, timestamped progress
     lines with % done and ETA, an end that says why and how to translate, no wandb console chatter
     (wandb.mode=offline still logs), and checkpoints that take little more than the largest file."""
-    run = tmp_path / "run"
+    run = tmp_path / "my run"  # a space: the printed commands quote for the shell
     args = [f"data.dir={sample_dir}", *QUIET, "trainer.max_steps=40", "trainer.log_every=20", f"hydra.run.dir={run}"]
     e = {k: v for k, v in env(tmp_path / "cache").items() if k != "WANDB_MODE"}
     proc = subprocess.run(
@@ -54,7 +54,8 @@ def test_a_short_run_names_its_folder_shows_eta_keeps_wandb_quiet_and_stores_che
     # why it stopped comes first, before the finishing (decoding defaults, shortlist) it then spends time on
     stop = next(i for i, x in enumerate(lines) if "stopping: reached trainer.max_steps=40" in x)
     assert all(i > stop for i, x in enumerate(lines) if "[nmt.finishing]" in x)
-    assert f"python -m nmt.translate checkpoint={run}/checkpoints/best.pt" in tail
+    hint = f"python -m nmt.translate 'checkpoint={run}/checkpoints/best.pt'   (answers the lines you type, Ctrl-D ends"
+    assert hint in tail, tail
     # each validation line shows the first valid sentence and its translation (quoted: it may be empty)
     first = (sample_dir / "valid.tsv").read_text(encoding="utf-8").split("\t", 1)[0]
     validations = [x for x in lines if "validation at step" in x]
