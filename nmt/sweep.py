@@ -13,6 +13,7 @@ No model is loaded here: ``nmt.report`` decodes, this module only reads configs 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -185,5 +186,5 @@ class SweepSummary(Callback):
         for j in sorted(jobs, key=lambda j: -j.best["bleu"]):
             lines.append(f"  {j.best['bleu']:6.2f}  step {j.best['step']:>6}  {j.name}")
         lines += [f"  (no result) {f.name}: {why}" for f, why in skipped]
-        lines.append(f"tables, curves and attention statistics: python -m nmt.report {sweep}")
+        lines.append(f"tables, curves and attention statistics: python -m nmt.report {shlex.quote(str(sweep))}")
         print("\n".join(lines), file=sys.stderr)

@@ -167,3 +167,16 @@ def test_a_single_run_given_as_the_folder_is_named_by_that_folder(tmp_path):
     for where in (run.root, tmp_path / "runs"):
         jobs, skipped = collect(where)
         assert [j.name for j in jobs] == ["x"] and skipped == []
+
+
+def test_the_sweep_summary_quotes_its_report_command_for_the_shell(tmp_path, capsys):
+    from nmt.sweep import SweepSummary
+
+    sweep = tmp_path / "my sweep"
+    (sweep / "0" / ".hydra").mkdir(parents=True)
+    (sweep / "0" / ".hydra" / "config.yaml").write_text("seed: 1\n")  # a job that never validated
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"sweep {sweep}: 0 job(s) with a validation, best valid BLEU first (greedy, as validated):"
+    assert lines[1].startswith("  (no result) 0: no validation in metrics.jsonl")
+    assert lines[-1] == f"tables, curves and attention statistics: python -m nmt.report '{sweep}'"
