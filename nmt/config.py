@@ -135,9 +135,11 @@ class TrainerConfig:
     max_steps: int = 0  # 0 = no limit
     max_epochs: int = 0  # 0 = no limit
     max_minutes: float = 0.0  # wall-clock budget, 0 = no limit
-    optimizer: str = "adam"  # adam | adamw
+    optimizer: str = "adam"  # adam | adamw | sgd | adadelta | adagrad (SGD and Adadelta usually want lr=1.0)
     lr: float = 1e-3  # peak learning rate
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.999)  # adam, adamw
+    momentum: float = 0.0  # sgd only
+    rho: float = 0.95  # adadelta only: the decay of its running averages (Bahdanau et al. 2015: 0.95)
     weight_decay: float = 0.0
     # constant | warmup_decay (linear warmup, then inverse square root) | plateau (halve on no BLEU gain) |
     # budget (the peak rate, then a linear decay to min_lr over the last decay_fraction of max_minutes/max_steps)
@@ -370,7 +372,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "encoder.cell": ("gru", "lstm"),
     "decoder.cell": ("gru", "lstm"),
     "decoder.order": ("bahdanau", "luong"),
-    "trainer.optimizer": ("adam", "adamw"),
+    "trainer.optimizer": ("adam", "adamw", "sgd", "adadelta", "adagrad"),  # nmt.training.OPTIMIZERS
     "trainer.scheduler": ("constant", "warmup_decay", "plateau", "budget"),
     "trainer.amp": ("auto", "bf16", "fp16", "none"),
     "trainer.allocator": ("auto", "system"),  # nmt.allocator.MODES
@@ -513,6 +515,18 @@ def columns_problem(key: str, columns: Any) -> list[str]:
     return [f"{key}={list(columns)}: expected two different 0-based column numbers [SOURCE,TARGET], e.g. [1,0]"]
 
 
+def _optimizer_problems(t: Any) -> list[str]:
+    """An optimizer key set for an optimizer that ignores it would do nothing, silently."""
+    problems = []
+    if not 0 <= t.momentum < 1:
+        problems.append(f"trainer.momentum={t.momentum}: expected a number in [0, 1)")
+    elif t.momentum and t.optimizer != "sgd":
+        problems.append(f"trainer.momentum={t.momentum} is for trainer.optimizer=sgd (this run: {t.optimizer})")
+    if not 0 < t.rho < 1:
+        problems.append(f"trainer.rho={t.rho}: expected a number in (0, 1)")
+    return problems
+
+
 def _train_problems(cfg: Any) -> list[str]:
     """Combinations that today fail only after the corpus, sentencepiece and the model are built."""
     problems = []
@@ -522,6 +536,7 @@ def _train_problems(cfg: Any) -> list[str]:
     problems += _schedule_problems(cfg.trainer)
     if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):  # else Adam's ValueError
         problems.append(f"trainer.betas={list(cfg.trainer.betas)}: expected two numbers in [0, 1), e.g. [0.9,0.999]")
+    problems += _optimizer_problems(cfg.trainer)
     problems += columns_problem("data.columns", cfg.data.columns)
     if cfg.data.num_workers not in (0, 1):
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")

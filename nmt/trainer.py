@@ -403,7 +403,11 @@ class Trainer:
         self.model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
         if self.average is not None:
             self.average.model.load_state_dict(ckpt["model"])
-        self.opt.load_state_dict(ckpt["optimizer"])
+        saved, mine = ckpt["optimizer"]["param_groups"], self.opt.state_dict()["param_groups"]
+        if set(saved[0]) == set(mine[0]):
+            self.opt.load_state_dict(ckpt["optimizer"])
+        else:  # another optimizer (trainer.allow_changes=[trainer.optimizer]): its state would not fit
+            log.warning("the checkpoint's optimizer state is another optimizer's: this one starts afresh")
         self.sched.load_state_dict(ckpt["scheduler"])
         if ckpt["scaler"]:  # empty when saved without fp16 (trainer.amp may change on resume)
             self.precision.scaler.load_state_dict(ckpt["scaler"])

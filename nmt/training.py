@@ -37,18 +37,47 @@ from nmt.translator import Translator
 
 log = logging.getLogger(__name__)
 
+# trainer.optimizer -> (class, the trainer keys it takes besides lr and weight_decay); config.CHOICES lists the names.
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], tuple[str, ...]]] = {
+    "adam": (torch.optim.Adam, ("betas",)),
+    "adamw": (torch.optim.AdamW, ("betas",)),
+    "sgd": (torch.optim.SGD, ("momentum",)),
+    "adadelta": (torch.optim.Adadelta, ("rho",)),
+    "adagrad": (torch.optim.Adagrad, ()),
+}
+
 # Decoding keeps no activations for a backward pass, so validation batches can hold several times the
 # training budget in the same memory.
 VALID_BATCH_FACTOR = 4
 
 
 def build_optimizer(model: torch.nn.Module, t: Any) -> torch.optim.Optimizer:
-    opts = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-    if t.optimizer not in opts:
-        raise ConfigError(f"trainer.optimizer={t.optimizer!r} is unknown; choose one of {sorted(opts)}")
-    # fused: one kernel over all parameters instead of ~10 element-wise passes per tensor (+1-5% for
-    # model R on CPU, docs/benchmarks.md); the same update rule.
-    return opts[t.optimizer](model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, fused=True)
+    """Adam (Kingma & Ba 2015) or AdamW (Loshchilov & Hutter 2019) with ``trainer.betas``; SGD with
+    ``trainer.momentum`` (Luong et al. 2015 trained with plain SGD at lr 1.0); Adadelta with ``trainer.rho``
+    (Bahdanau et al. 2015: rho 0.95, eps 1e-6, lr 1.0); Adagrad. ``trainer.weight_decay`` for all."""
+    if t.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"trainer.optimizer={t.optimizer!r} is unknown; choose one of {sorted(OPTIMIZERS)}")
+    cls, extra = OPTIMIZERS[t.optimizer]
+    kwargs = {k: (tuple(getattr(t, k)) if k == "betas" else getattr(t, k)) for k in extra}
+    if t.optimizer == "adadelta":
+        kwargs["eps"] = 1e-6  # the paper's; torch's default is the same
+    else:
+        # fused: one kernel over all parameters instead of ~10 element-wise passes per tensor (+1-5% for
+        # model R with Adam on CPU, docs/benchmarks.md); the same update rule. Adadelta has no fused kernel.
+        kwargs["fused"] = True
+    return cls(model.parameters(), lr=t.lr, weight_decay=t.weight_decay, **kwargs)
+
+
+def describe_optimizer(t: Any) -> str:
+    """'adam (lr 0.001, betas 0.9/0.999)', 'sgd (lr 1, momentum 0.9, weight decay 1e-05)', ..."""
+    _, extra = OPTIMIZERS[t.optimizer]
+    parts = [f"lr {t.lr:g}"]
+    for k in extra:
+        v = getattr(t, k)
+        parts.append(f"{k} {'/'.join(f'{b:g}' for b in v)}" if k == "betas" else f"{k} {v:g}")
+    if t.weight_decay:
+        parts.append(f"weight decay {t.weight_decay:g}")
+    return f"{t.optimizer} ({', '.join(parts)})"
 
 
 def build_scheduler(opt: torch.optim.Optimizer, t: Any):
@@ -154,6 +183,14 @@ def build_trainer(
     log.info("memory: %s", allocator.configure(t.allocator, device))
     schedule = build_schedule(t)
     opt = build_optimizer(model, t)
+    log.info("optimizer: %s", describe_optimizer(t))
+    if t.optimizer in ("sgd", "adadelta") and t.lr < 0.01:
+        log.warning(
+            "trainer.lr=%g with trainer.optimizer=%s: it is usually run at 0.1-1.0 (Luong et al. 2015 SGD and "
+            "Bahdanau et al. 2015 Adadelta: 1.0); the default lr, 1e-3, suits Adam",
+            t.lr,
+            t.optimizer,
+        )
     calibration = Calibration(cfg.data.max_tokens, t.get("amp_cache"), t.teacher_forcing, t.label_smoothing)
     precision = build_precision(t.amp, device, model, calibration, dist)
     log.info("training precision: %s", precision.description)

@@ -32,7 +32,7 @@ def run_in(cwd: Path, module: str, args: list[str], timeout: int = 60) -> subpro
     "override,allowed",
     [
         ("trainer.amp=fp8", ["none", "bf16", "fp16"]),
-        ("trainer.optimizer=sgd", ["adam", "adamw"]),
+        ("trainer.optimizer=rmsprop", ["adam", "adamw", "sgd", "adadelta", "adagrad"]),
         ("trainer.scheduler=cosine", ["constant", "warmup_decay", "plateau", "budget"]),
         ("encoder.cell=rnn", ["gru", "lstm"]),
         ("tokenizer.model_type=word", ["unigram", "bpe"]),

@@ -35,7 +35,8 @@ def test_config_mistakes_fail_clearly(tmp_path, sample_dir, override, expect):
 def test_config_mistakes_are_all_found_before_the_run_directory(tmp_path, sample_dir):
     """Values that once failed one at a time, deep inside (after the corpus and sentencepiece), now
     fail together before Hydra makes the run directory."""
-    bad = ["attention=dot", "trainer.optimizer=sgd", "wandb.mode=loud", "data.num_workers=4", "trainer.accum_steps=0"]
+    bad = ["attention=dot", "trainer.optimizer=rmsprop", "wandb.mode=loud", "data.num_workers=4"]
+    bad += ["trainer.accum_steps=0"]
     proc = run_module(
         "nmt.train",
         [f"data.dir={sample_dir}", *TINY, "encoder.hidden_size=24", *bad, f"hydra.run.dir={tmp_path}/run"],
@@ -45,7 +46,7 @@ def test_config_mistakes_are_all_found_before_the_run_directory(tmp_path, sample
     assert proc.returncode == 2
     for e in [
         "attention=dot needs",
-        "trainer.optimizer='sgd'",
+        "trainer.optimizer='rmsprop'",
         "wandb.mode='loud'",
         "data.num_workers=4",
         "trainer.accum_steps=0",

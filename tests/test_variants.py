@@ -21,6 +21,7 @@ VARIANTS = [
     ["encoder.cell=lstm", "decoder=luong", "decoder.tie_embeddings=true"],
     ["trainer.teacher_forcing=0.7"],
     ["encoder.layers=2", "decoder.layers=2"],
+    ["trainer.optimizer=sgd", "trainer.lr=1.0", "trainer.momentum=0.5"],
 ]
 
 
