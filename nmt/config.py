@@ -146,6 +146,9 @@ class TrainerConfig:
     scheduler: str = "plateau"
     warmup_steps: int = 0
     decay_fraction: float = 0.3  # scheduler=budget: the share of the budget over which the rate decays
+    decay_start: int = 0  # scheduler=step: the update at which the rate is first multiplied by decay_factor
+    decay_every: int = 0  # scheduler=step: and again every this many updates after it (>= 1 with step)
+    decay_factor: float = 0.5  # scheduler=step: the multiplier, in (0, 1)
     plateau_factor: float = 0.5
     plateau_patience: int = 2
     min_lr: float = 1e-5
@@ -373,7 +376,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "decoder.cell": ("gru", "lstm"),
     "decoder.order": ("bahdanau", "luong"),
     "trainer.optimizer": ("adam", "adamw", "sgd", "adadelta", "adagrad"),  # nmt.training.OPTIMIZERS
-    "trainer.scheduler": ("constant", "warmup_decay", "plateau", "budget"),
+    "trainer.scheduler": ("constant", "warmup_decay", "plateau", "budget", "step"),
     "trainer.amp": ("auto", "bf16", "fp16", "none"),
     "trainer.allocator": ("auto", "system"),  # nmt.allocator.MODES
     "model.rnn_impl": ("auto", "eager", "loop", "cudnn"),  # nmt.models.rnn.IMPLS
@@ -580,7 +583,23 @@ def _train_problems(cfg: Any) -> list[str]:
 
 
 def _schedule_problems(t: Any) -> list[str]:
-    """trainer.scheduler=budget decays over the run's budget, so it needs one."""
+    """trainer.scheduler=budget decays over the run's budget, so it needs one; scheduler=step needs its
+    interval, and its keys do nothing under another scheduler."""
+    if t.scheduler == "step":
+        problems = []
+        if t.decay_every < 1:
+            problems.append(
+                f"trainer.scheduler=step multiplies the rate by trainer.decay_factor every trainer.decay_every "
+                f"updates from trainer.decay_start on: set trainer.decay_every >= 1 (got {t.decay_every})"
+            )
+        if t.decay_start < 0:
+            problems.append(f"trainer.decay_start={t.decay_start}: expected an update number >= 0")
+        if not 0 < t.decay_factor < 1:
+            problems.append(f"trainer.decay_factor={t.decay_factor}: expected a multiplier in (0, 1), e.g. 0.5")
+        return problems
+    if t.decay_every or t.decay_start:
+        key = "decay_every" if t.decay_every else "decay_start"
+        return [f"trainer.{key}={getattr(t, key)} is for trainer.scheduler=step (this run: {t.scheduler})"]
     if t.scheduler != "budget":
         return []
     problems = []

@@ -2,7 +2,8 @@
 
 ``trainer.scheduler=budget`` is the one here: ``BudgetDecay`` holds the peak rate, then decays it
 linearly over the last part of the budget (``trainer.max_minutes`` and/or ``trainer.max_steps``).
-The other schedules are torch's own (``nmt.training.build_scheduler``).
+``trainer.scheduler=step`` multiplies the rate by a factor at fixed steps (``step_decay``). The other
+schedules are torch's own (``nmt.training.build_scheduler``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,18 @@ def budget_done(max_steps: int, max_minutes: float, step: int, elapsed_s: float)
     if max_minutes:
         shares.append(elapsed_s / (60.0 * max_minutes))
     return min(1.0, max(shares))
+
+
+def step_decay(step: int, warmup: int, start: int, every: int, factor: float, floor: float) -> float:
+    """The multiplier of the peak rate after ``step`` updates under ``trainer.scheduler=step``: a linear
+    warmup over ``warmup`` updates, 1 until update ``start``, then ``factor`` once more at ``start`` and
+    at every ``every`` updates after it, never below ``floor`` (min_lr / lr). OpenNMT-py's RNN schedule
+    (``start_decay_steps``, ``decay_steps``, ``learning_rate_decay``); Luong et al. (2015) halved plain
+    SGD's rate every epoch after the fifth (here in updates: an epoch's worth of them)."""
+    scale = min(1.0, (step + 1) / warmup) if warmup else 1.0
+    if step >= start:
+        scale *= factor ** ((step - start) // every + 1)
+    return max(scale, floor)
 
 
 class BudgetDecay:

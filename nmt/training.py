@@ -29,7 +29,7 @@ from nmt.logger import RunLogger
 from nmt.models.rnn import describe_tanh, kernel_choices
 from nmt.models.seq2seq import Seq2Seq
 from nmt.rundir import RESUME_MAY_CHANGE, RunDir, may_change
-from nmt.schedules import BudgetDecay
+from nmt.schedules import BudgetDecay, step_decay
 from nmt.search import SearchOptions
 from nmt.shortlist import Shortlist
 from nmt.trainer import CheckpointSaver, EarlyStopping, Precision, Schedule, Trainer, Validator, WeightAverage
@@ -81,7 +81,7 @@ def describe_optimizer(t: Any) -> str:
 
 
 def build_scheduler(opt: torch.optim.Optimizer, t: Any):
-    """Per-step LambdaLR for constant/warmup_decay; ReduceLROnPlateau on valid BLEU for plateau;
+    """Per-step LambdaLR for constant/warmup_decay/step; ReduceLROnPlateau on valid BLEU for plateau;
     BudgetDecay (stepped by the share of the budget used) for budget."""
     if t.scheduler == "budget":
         return BudgetDecay(opt, t.lr, t.decay_fraction, t.min_lr, t.warmup_steps)
@@ -94,7 +94,12 @@ def build_scheduler(opt: torch.optim.Optimizer, t: Any):
     if t.scheduler == "warmup_decay":
         w = max(1, t.warmup_steps)
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / w, math.sqrt(w / (s + 1))))
-    raise ConfigError(f"trainer.scheduler={t.scheduler!r} is unknown; choose constant, warmup_decay, plateau or budget")
+    if t.scheduler == "step":
+        args = (t.warmup_steps, t.decay_start, t.decay_every, t.decay_factor, t.min_lr / t.lr)
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: step_decay(s, *args))
+    raise ConfigError(
+        f"trainer.scheduler={t.scheduler!r} is unknown; choose constant, warmup_decay, plateau, budget or step"
+    )
 
 
 def build_precision(
@@ -223,6 +228,16 @@ def build_trainer(
             t.ema_decay,
         )
     scheduler = build_scheduler(opt, t)
+    if t.scheduler == "step":
+        log.info(
+            "learning rate: %g%s until update %d, then x%g there and every %d updates after it (not below %g)",
+            t.lr,
+            f" after a linear warmup over {t.warmup_steps} updates" if t.warmup_steps else "",
+            t.decay_start,
+            t.decay_factor,
+            t.decay_every,
+            t.min_lr,
+        )
     if isinstance(scheduler, BudgetDecay):
         limits = [f"trainer.{k}={getattr(t, k):g}" for k in ("max_minutes", "max_steps") if getattr(t, k)]
         log.info("%s", scheduler.describe(" or ".join(limits) + (", whichever is nearer" if len(limits) > 1 else "")))

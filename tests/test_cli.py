@@ -33,7 +33,7 @@ def run_in(cwd: Path, module: str, args: list[str], timeout: int = 60) -> subpro
     [
         ("trainer.amp=fp8", ["none", "bf16", "fp16"]),
         ("trainer.optimizer=rmsprop", ["adam", "adamw", "sgd", "adadelta", "adagrad"]),
-        ("trainer.scheduler=cosine", ["constant", "warmup_decay", "plateau", "budget"]),
+        ("trainer.scheduler=cosine", ["constant", "warmup_decay", "plateau", "budget", "step"]),
         ("encoder.cell=rnn", ["gru", "lstm"]),
         ("tokenizer.model_type=word", ["unigram", "bpe"]),
     ],

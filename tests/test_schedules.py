@@ -1,12 +1,12 @@
 """trainer.scheduler=budget: the learning rate's shape over the run's budget (the loop's use of it,
-on the agreed clock and across a resume, is in tests/test_trainer_sync.py)."""
+on the agreed clock and across a resume, is in tests/test_trainer_sync.py); trainer.scheduler=step."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nmt.schedules import BudgetDecay, budget_done
+from nmt.schedules import BudgetDecay, budget_done, step_decay
 
 
 def opt() -> torch.optim.Optimizer:
@@ -41,6 +41,45 @@ def test_budget_done_is_the_limit_nearer_its_end():
 def test_decay_fraction_is_a_share(bad):
     with pytest.raises(ValueError, match="decay_fraction"):
         BudgetDecay(opt(), 1e-3, decay_fraction=bad)
+
+
+def test_step_decay_multiplies_at_the_start_and_every_interval_after_it():
+    rates = [step_decay(s, warmup=0, start=4, every=2, factor=0.5, floor=0.0) for s in range(9)]
+    assert rates == [1, 1, 1, 1, 0.5, 0.5, 0.25, 0.25, 0.125]
+    assert step_decay(100, warmup=0, start=4, every=2, factor=0.5, floor=0.01) == 0.01  # min_lr / lr
+    warm = [step_decay(s, warmup=4, start=6, every=1, factor=0.5, floor=0.0) for s in range(8)]
+    assert warm == pytest.approx([0.25, 0.5, 0.75, 1, 1, 1, 0.5, 0.25])
+
+
+def test_the_step_scheduler_follows_the_config_through_the_updates():
+    from helpers import compose_cfg
+    from nmt.training import build_scheduler
+
+    cfg = compose_cfg(["trainer.scheduler=step", "trainer.lr=1.0", "trainer.decay_start=3", "trainer.decay_every=2"])
+    o = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=cfg.trainer.lr)
+    sched, lrs = build_scheduler(o, cfg.trainer), []
+    for _ in range(7):
+        lrs.append(o.param_groups[0]["lr"])
+        o.step()
+        sched.step()
+    assert lrs == [1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+
+
+@pytest.mark.parametrize(
+    "overrides, expect",
+    [
+        (["trainer.scheduler=step"], "trainer.scheduler=step multiplies the rate by trainer.decay_factor every"),
+        (["trainer.scheduler=step", "trainer.decay_every=10", "trainer.decay_factor=1"], "trainer.decay_factor=1.0:"),
+        (["trainer.decay_every=10"], "trainer.decay_every=10 is for trainer.scheduler=step (this run: plateau)"),
+        (["trainer.decay_start=100"], "trainer.decay_start=100 is for trainer.scheduler=step (this run: plateau)"),
+    ],
+)
+def test_step_decay_keys_are_checked_before_any_work(overrides, expect):
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS["train"], overrides)
+    assert len(e.value.lines) == 1 and e.value.lines[0].startswith(expect), e.value.lines
 
 
 def test_train_cli_logs_the_curve_and_decays_to_the_final_rate(tmp_path, sample_dir):
