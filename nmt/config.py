@@ -141,8 +141,9 @@ class TrainerConfig:
     momentum: float = 0.0  # sgd only
     rho: float = 0.95  # adadelta only: the decay of its running averages (Bahdanau et al. 2015: 0.95)
     weight_decay: float = 0.0
-    # constant | warmup_decay (linear warmup, then inverse square root) | plateau (halve on no BLEU gain) |
-    # budget (the peak rate, then a linear decay to min_lr over the last decay_fraction of max_minutes/max_steps)
+    # constant | warmup_decay (linear warmup, then inverse square root) | plateau (halve when select_by stops
+    # improving) | budget (the peak rate, then a linear decay to min_lr over the last decay_fraction of
+    # max_minutes/max_steps) | step (times decay_factor at decay_start and every decay_every updates after it)
     scheduler: str = "plateau"
     warmup_steps: int = 0
     decay_fraction: float = 0.3  # scheduler=budget: the share of the budget over which the rate decays
@@ -178,7 +179,10 @@ class TrainerConfig:
     valid_minutes: float = 3.0  # validate about this often (minutes of training) when valid_every=0
     val_beam_size: int = 1
     plot_attention: int = 3  # heatmaps of the first N validation sentences at every validation (0 = off)
-    patience: int = 5  # stop after this many validations without a BLEU gain (0 = never)
+    patience: int = 5  # stop after this many validations without a gain in select_by (0 = never)
+    # The validation metric that picks best.pt, counts patience and steps the plateau scheduler: bleu | chrf
+    # (higher is better) | loss (the unsmoothed validation cross-entropy; lower is better).
+    select_by: str = "bleu"
     # last.pt is written at least this often (besides every validation), so a hard kill loses at most this much.
     checkpoint_minutes: float = 5.0
     log_every: int = 100  # a progress line after this many steps since the last one ...
@@ -377,6 +381,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "decoder.order": ("bahdanau", "luong"),
     "trainer.optimizer": ("adam", "adamw", "sgd", "adadelta", "adagrad"),  # nmt.training.OPTIMIZERS
     "trainer.scheduler": ("constant", "warmup_decay", "plateau", "budget", "step"),
+    "trainer.select_by": ("bleu", "chrf", "loss"),  # nmt.trainer.EarlyStopping
     "trainer.amp": ("auto", "bf16", "fp16", "none"),
     "trainer.allocator": ("auto", "system"),  # nmt.allocator.MODES
     "model.rnn_impl": ("auto", "eager", "loop", "cudnn"),  # nmt.models.rnn.IMPLS

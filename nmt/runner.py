@@ -260,7 +260,8 @@ def stop_rule(t) -> str:
     limits = [f"trainer.{k}={getattr(t, k):g}" for k in ("max_steps", "max_minutes", "max_epochs") if getattr(t, k)]
     rule = f"training until {' or '.join(limits)}" if limits else "training with no step/time limit"
     if t.patience:
-        rule += f"{' or' if limits else ','} until {t.patience} validations bring no BLEU gain (trainer.patience)"
+        gain = {"bleu": "BLEU gain", "chrf": "chrF gain", "loss": "validation loss improvement"}[t.select_by]
+        rule += f"{' or' if limits else ','} until {t.patience} validations bring no {gain} (trainer.patience)"
     return rule + "; Ctrl-C saves a checkpoint and prints how to resume"
 
 
@@ -296,7 +297,7 @@ def finish(
     trainer.dist.barrier()  # the other ranks wait while rank 0 finishes
     if trainer.dist.is_main and p.best_bleu >= 0:
         best = rundir.best
-        log.info("best valid BLEU %.2f at step %d: %s%s", p.best_bleu, p.best_step, best, done.decodes(best))
+        log.info("%s: %s%s", trainer.stopping.describe_best(p), best, done.decodes(best))
         if done.averaged is not None:
             log.info(
                 "averaged %s: valid BLEU %.2f (best.pt %.2f): %s%s",

@@ -49,9 +49,10 @@ class Progress:
     epoch: int = 0  # newest epoch any shard has reached
     # Per data shard, the [epoch, index] of its last consumed batch (see BatchStream).
     positions: list[list[int]] = field(default_factory=list)
-    best_bleu: float = -1.0  # -1: no validation yet
+    best_bleu: float = -1.0  # the valid BLEU of best.pt; -1: no validation yet
     best_step: int = 0
-    bad_validations: int = 0  # validations in a row without a BLEU gain (early stopping)
+    best_score: float | None = None  # best.pt's trainer.select_by value (None: none yet, or a run from before it)
+    bad_validations: int = 0  # validations in a row without a gain (early stopping)
     elapsed_s: float = 0.0  # wall-clock seconds of training so far (counts against max_minutes)
     bad_steps: int = 0  # non-finite steps in a row
     skipped_steps: int = 0  # non-finite steps in all (their updates were skipped)
@@ -221,22 +222,44 @@ class WeightAverage:
 
 @dataclass
 class EarlyStopping:
-    """Keeps the best validation BLEU; stops after ``patience`` validations without a gain (0 = never)."""
+    """Keeps the best validation by ``metric`` (trainer.select_by: ``bleu`` or ``chrf``, higher is better;
+    ``loss``, lower is better); stops after ``patience`` validations without a gain (0 = never)."""
 
     patience: int = 5
+    metric: str = "bleu"
 
-    def update(self, p: Progress, bleu: float) -> bool:
-        """Record a validation; True when it is the best so far."""
-        if bleu > p.best_bleu:
-            p.best_bleu, p.best_step, p.bad_validations = bleu, p.step, 0
+    NAMES = {"bleu": "BLEU", "chrf": "chrF", "loss": "validation loss"}
+
+    def gain(self, v: dict) -> float:
+        """The validation's score with higher = better (the plateau scheduler's input)."""
+        return -v["loss"] if self.metric == "loss" else v[self.metric]
+
+    def update(self, p: Progress, v: dict) -> bool:
+        """Record a validation (its metrics.jsonl record); True when it is the best so far."""
+        best = p.best_score
+        if best is None and p.best_bleu >= 0 and self.metric == "bleu":  # a checkpoint from before select_by
+            best = p.best_bleu
+        better = best is None or (v["loss"] < best if self.metric == "loss" else v[self.metric] > best)
+        if better:
+            p.best_score, p.best_bleu, p.best_step, p.bad_validations = v[self.metric], v["bleu"], p.step, 0
             return True
         p.bad_validations += 1
         return False
 
     def reason(self, p: Progress) -> str | None:
         if self.patience and p.bad_validations >= self.patience:
-            return f"no BLEU gain in {self.patience} validations (trainer.patience)"
+            what = "improvement" if self.metric == "loss" else "gain"
+            return f"no {self.NAMES[self.metric]} {what} in {self.patience} validations (trainer.patience)"
         return None
+
+    def describe_best(self, p: Progress) -> str:
+        """'best valid BLEU 41.20 at step 900', or with another metric 'best valid chrF 60.10 (BLEU 41.20) ...'."""
+        if self.metric == "bleu" or p.best_score is None:
+            return f"best valid BLEU {p.best_bleu:.2f} at step {p.best_step}"
+        return (
+            f"best valid {self.NAMES[self.metric]} {p.best_score:.{4 if self.metric == 'loss' else 2}f} "
+            f"(BLEU {p.best_bleu:.2f}) at step {p.best_step}"
+        )
 
 
 class CheckpointSaver:
@@ -666,9 +689,9 @@ class Trainer:
             "skipped_steps": p.skipped_steps,
             "peak_memory_mib": round(allocator.peak_mib(self.precision.device)),
         }
-        improved = self.stopping.update(p, v["bleu"])
+        improved = self.stopping.update(p, v)
         if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            self.sched.step(v["bleu"])
+            self.sched.step(self.stopping.gain(v))
         p.last_validation = record
         if self.logger is not None:
             self.logger.log(record, step=p.step)

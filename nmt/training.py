@@ -247,7 +247,7 @@ def build_trainer(
         scheduler,
         precision,
         validator,
-        EarlyStopping(t.patience),
+        EarlyStopping(t.patience, t.select_by),
         CheckpointSaver(rundir, dist, t.keep_last),
         logger,
         schedule,
