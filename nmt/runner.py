@@ -32,7 +32,7 @@ from nmt.models.rnn import KEPT_ON_RESUME, pin_kernel_choices
 from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.schedules import BudgetDecay
-from nmt.trainer import FitResult, Trainer
+from nmt.trainer import GAINS, FitResult, Trainer
 from nmt.training import build_finisher, build_trainer, config_changes, load_init
 
 log = logging.getLogger("nmt.train")  # the command's voice: its lines read [nmt.train]
@@ -260,7 +260,7 @@ def stop_rule(t) -> str:
     limits = [f"trainer.{k}={getattr(t, k):g}" for k in ("max_steps", "max_minutes", "max_epochs") if getattr(t, k)]
     rule = f"training until {' or '.join(limits)}" if limits else "training with no step/time limit"
     if t.patience:
-        gain = {"bleu": "BLEU gain", "chrf": "chrF gain", "loss": "validation loss improvement"}[t.select_by]
+        gain = GAINS[t.select_by]
         rule += f"{' or' if limits else ','} until {t.patience} validations bring no {gain} (trainer.patience)"
     return rule + "; Ctrl-C saves a checkpoint and prints how to resume"
 

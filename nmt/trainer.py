@@ -220,6 +220,11 @@ class WeightAverage:
         torch._foreach_lerp_(self._averaged, list(model.parameters()), 1.0 - d)
 
 
+# trainer.select_by's metrics as the log names them, and what counts as progress in each.
+METRICS = {"bleu": "BLEU", "chrf": "chrF", "loss": "validation loss"}
+GAINS = {"bleu": "BLEU gain", "chrf": "chrF gain", "loss": "validation loss improvement"}
+
+
 @dataclass
 class EarlyStopping:
     """Keeps the best validation by ``metric`` (trainer.select_by: ``bleu`` or ``chrf``, higher is better;
@@ -227,8 +232,6 @@ class EarlyStopping:
 
     patience: int = 5
     metric: str = "bleu"
-
-    NAMES = {"bleu": "BLEU", "chrf": "chrF", "loss": "validation loss"}
 
     def gain(self, v: dict) -> float:
         """The validation's score with higher = better (the plateau scheduler's input)."""
@@ -248,8 +251,7 @@ class EarlyStopping:
 
     def reason(self, p: Progress) -> str | None:
         if self.patience and p.bad_validations >= self.patience:
-            what = "improvement" if self.metric == "loss" else "gain"
-            return f"no {self.NAMES[self.metric]} {what} in {self.patience} validations (trainer.patience)"
+            return f"no {GAINS[self.metric]} in {self.patience} validations (trainer.patience)"
         return None
 
     def describe_best(self, p: Progress) -> str:
@@ -257,7 +259,7 @@ class EarlyStopping:
         if self.metric == "bleu" or p.best_score is None:
             return f"best valid BLEU {p.best_bleu:.2f} at step {p.best_step}"
         return (
-            f"best valid {self.NAMES[self.metric]} {p.best_score:.{4 if self.metric == 'loss' else 2}f} "
+            f"best valid {METRICS[self.metric]} {p.best_score:.{4 if self.metric == 'loss' else 2}f} "
             f"(BLEU {p.best_bleu:.2f}) at step {p.best_step}"
         )
 
