@@ -180,8 +180,8 @@ class TrainerConfig:
     val_beam_size: int = 1
     plot_attention: int = 3  # heatmaps of the first N validation sentences at every validation (0 = off)
     patience: int = 5  # stop after this many validations without a gain in select_by (0 = never)
-    # The validation metric that picks best.pt, counts patience and steps the plateau scheduler: bleu | chrf
-    # (higher is better) | loss (the unsmoothed validation cross-entropy; lower is better).
+    # The validation metric that picks best.pt, counts patience and steps the plateau scheduler: bleu | chrf |
+    # acc (teacher-forced token accuracy; higher is better) | loss (unsmoothed cross-entropy; lower is better).
     select_by: str = "bleu"
     # last.pt is written at least this often (besides every validation), so a hard kill loses at most this much.
     checkpoint_minutes: float = 5.0
@@ -381,7 +381,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "decoder.order": ("bahdanau", "luong"),
     "trainer.optimizer": ("adam", "adamw", "sgd", "adadelta", "adagrad"),  # nmt.training.OPTIMIZERS
     "trainer.scheduler": ("constant", "warmup_decay", "plateau", "budget", "step"),
-    "trainer.select_by": ("bleu", "chrf", "loss"),  # nmt.trainer.EarlyStopping
+    "trainer.select_by": ("bleu", "chrf", "acc", "loss"),  # nmt.trainer.EarlyStopping
     "trainer.amp": ("auto", "bf16", "fp16", "none"),
     "trainer.allocator": ("auto", "system"),  # nmt.allocator.MODES
     "model.rnn_impl": ("auto", "eager", "loop", "cudnn"),  # nmt.models.rnn.IMPLS

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from nmt import allocator, checkpoint
 from nmt.data.batching import Batch, eval_batches, shard_starts
+from nmt.data.tokenizer import PAD
 from nmt.distributed import Dist
 from nmt.heartbeat import clock, heartbeat
 from nmt.logger import RunLogger
@@ -140,12 +141,13 @@ class Validator:
     @torch.no_grad()
     def __call__(self, model: Seq2Seq) -> dict:
         model.eval()
-        loss_sum, n_tok = 0.0, 0
+        loss_sum, n_tok, n_right = 0.0, 0, 0
         for _, b in eval_batches(self.src_ids, self.tgt_ids, self.max_tokens):
             b = b.to(self.precision.device)
             with self.precision.autocast():
                 logits, _ = model(b.src, b.src_len, b.tgt_in)
             loss_sum += float(nll_loss(logits, b.tgt_out))
+            n_right += int(((logits.argmax(-1) == b.tgt_out) & (b.tgt_out != PAD)).sum())
             n_tok += b.n_tgt_tokens
         hyps = self.hypotheses(model)
         model.train()
@@ -153,6 +155,9 @@ class Validator:
         return {
             "loss": loss,
             "ppl": math.exp(min(loss, 50.0)),
+            # teacher-forced accuracy: the share of target pieces the model ranks first given the reference
+            # prefix (OpenNMT-py's and Joey NMT's validation "acc")
+            "acc": 100.0 * n_right / max(1, n_tok),
             "bleu": sacrebleu.corpus_bleu(hyps, [self.bleu_ref]).score,
             "chrf": sacrebleu.corpus_chrf(hyps, [self.bleu_ref]).score,
             # the first sentence and its translation, quoted so an empty one (an untrained model) shows
@@ -221,14 +226,14 @@ class WeightAverage:
 
 
 # trainer.select_by's metrics as the log names them, and what counts as progress in each.
-METRICS = {"bleu": "BLEU", "chrf": "chrF", "loss": "validation loss"}
-GAINS = {"bleu": "BLEU gain", "chrf": "chrF gain", "loss": "validation loss improvement"}
+METRICS = {"bleu": "BLEU", "chrf": "chrF", "acc": "token accuracy", "loss": "validation loss"}
+GAINS = {"bleu": "BLEU gain", "chrf": "chrF gain", "acc": "token accuracy gain", "loss": "validation loss improvement"}
 
 
 @dataclass
 class EarlyStopping:
-    """Keeps the best validation by ``metric`` (trainer.select_by: ``bleu`` or ``chrf``, higher is better;
-    ``loss``, lower is better); stops after ``patience`` validations without a gain (0 = never)."""
+    """Keeps the best validation by ``metric`` (trainer.select_by: ``bleu``, ``chrf`` or ``acc``, higher is
+    better; ``loss``, lower is better); stops after ``patience`` validations without a gain (0 = never)."""
 
     patience: int = 5
     metric: str = "bleu"
@@ -681,6 +686,7 @@ class Trainer:
             "epoch": p.epoch,
             "loss": v["loss"],
             "ppl": v["ppl"],
+            "acc": v["acc"],
             "bleu": v["bleu"],
             "chrf": v["chrf"],
             "train_loss": train_loss,
@@ -698,10 +704,11 @@ class Trainer:
         if self.logger is not None:
             self.logger.log(record, step=p.step)
             log.info(
-                "validation at step %d: loss %.4f  ppl %.2f  BLEU %.2f  chrF %.2f%s%s",
+                "validation at step %d: loss %.4f  ppl %.2f  acc %.1f%%  BLEU %.2f  chrF %.2f%s%s",
                 p.step,
                 v["loss"],
                 v["ppl"],
+                v["acc"],
                 v["bleu"],
                 v["chrf"],
                 "  (best)" if improved else "",

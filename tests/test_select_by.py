@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from helpers import TINY, compose_cfg
@@ -65,3 +66,32 @@ def test_a_run_selected_by_loss_keeps_the_lowest_loss_as_best_pt(tmp_path, sampl
     best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=False)
     assert best["progress"]["best_step"] == lowest["step"]
     assert best["progress"]["best_score"] == lowest["loss"] and best["progress"]["best_bleu"] == lowest["bleu"]
+
+
+def test_validation_token_accuracy_counts_the_reference_pieces_ranked_first(trained, sample_dir, tmp_path):
+    """``acc``: over every valid pair, the share of reference pieces (and EOS) the model's teacher-forced
+    distribution ranks first; checked against a sentence-at-a-time count of the same."""
+    from nmt.data.batching import collate
+    from nmt.data.corpus import CorpusSpec, load_pairs
+    from nmt.runtime import load_model
+    from nmt.search import SearchOptions
+    from nmt.trainer import Validator
+    from nmt.training import build_precision
+    from nmt.translator import Translator
+
+    run, _, _ = trained
+    cpu = torch.device("cpu")
+    model, tok = load_model(str(run / "checkpoints" / "best.pt"), cpu)
+    pairs = load_pairs(CorpusSpec(path=str(sample_dir / "valid.tsv")))[:60]
+    translator = Translator(model, tok, cpu, SearchOptions(beam_size=1), max_tokens=2000)
+    v = Validator(translator, pairs, 5, 300, build_precision("none", cpu, model), 0, tmp_path)(model)
+    right = total = 0
+    model.eval()  # the validator hands the model back in training mode
+    with torch.no_grad():
+        for src, tgt in pairs:
+            b = collate(tok.encode_src([src]), tok.encode_tgt([tgt]))
+            logits, _ = model(b.src, b.src_len, b.tgt_in)
+            right += int((logits.argmax(-1) == b.tgt_out).sum())
+            total += b.n_tgt_tokens
+    assert 0 < right < total
+    assert v["acc"] == pytest.approx(100.0 * right / total, abs=100.0 / total)  # a tie may fall either way
