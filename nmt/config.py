@@ -54,6 +54,9 @@ class DataConfig:
     max_len: int = 50
     # Token budget per batch: n_sentences * max(padded src len, padded tgt len) <= max_tokens.
     max_tokens: int = 2000
+    # And at most this many sentence pairs per batch (0 = no cap): the papers' fixed batch sizes (Bahdanau et al.
+    # 2015: 80, Luong et al. 2015: 128) with data.max_tokens high enough not to bind first.
+    max_sentences: int = 0
     # Pairs read ahead, sorted by length and cut into batches (bigger = less padding).
     bucket_size: int = 20000
     # Streaming shuffle buffer (pairs) in front of the bucketing.
@@ -490,6 +493,7 @@ _SECTION_RANGES: dict[str, tuple[tuple[tuple[str, ...], Callable[[float], bool],
         (("max_len", "max_tokens", "bucket_size"), lambda v: v >= 1, "an integer >= 1"),
         (("shuffle_buffer",), lambda v: v >= 0, "an integer >= 0 (0 or 1 = no shuffling)"),
         (("valid_max_sentences",), lambda v: v >= 0, "an integer >= 0 (0 = all)"),
+        (("max_sentences",), lambda v: v >= 0, "an integer >= 0 (0 = no cap)"),
         (("src_word_dropout", "tgt_word_dropout"), *_PROBABILITY),
     ),
     "tokenizer": (

@@ -91,6 +91,7 @@ def build_loader(
         starts=starts,
         sampling=Sampling(t.sample_alpha, t.sample_nbest),
         word_dropout=(d.src_word_dropout, d.tgt_word_dropout),
+        max_sentences=d.max_sentences,
     )
     if d.num_workers:
         # The worker is forked and inherits this process's imports; the stream's library must be among them.

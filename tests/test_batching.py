@@ -9,7 +9,14 @@ import torch
 
 from helpers import tokenizer_cfg
 from nmt.data import build_tokenizer
-from nmt.data.batching import BatchStream, collate, eval_batches, shard_starts, shuffle_options
+from nmt.data.batching import (
+    BatchStream,
+    collate,
+    eval_batches,
+    shard_starts,
+    shuffle_options,
+    token_budget_groups,
+)
 from nmt.data.corpus import CorpusSpec
 from nmt.data.tokenizer import BOS, EOS, PAD
 
@@ -55,6 +62,16 @@ def test_budget_lengths_and_no_pair_lost(sample_dir, tok):
     real = sum(b.n_tgt_tokens for b in batches)
     padded = sum(b.tgt_out.numel() for b in batches)
     assert padded < 1.2 * real
+
+
+def test_max_sentences_caps_the_pairs_per_batch_and_loses_none(sample_dir, tok):
+    assert token_budget_groups([0, 1, 2, 3, 4], [2] * 5, 100, max_sentences=2) == [[0, 1], [2, 3], [4]]
+    assert token_budget_groups([0, 1, 2, 3, 4], [2] * 5, 6, max_sentences=4) == [[0, 1, 2], [3, 4]]  # tokens bind
+    assert token_budget_groups([0, 1, 2], [2] * 3, 100) == [[0, 1, 2]]  # 0: no cap
+    capped = list(stream(sample_dir, tok, max_tokens=3000, max_sentences=16).epoch_batches(tok, 0))
+    free = list(stream(sample_dir, tok, max_tokens=3000).epoch_batches(tok, 0))
+    assert max(b.src.size(0) for b in capped) == 16 < max(b.src.size(0) for b in free)
+    assert sum(b.src.size(0) for b in capped) == sum(b.src.size(0) for b in free)
 
 
 def test_deterministic_for_a_seed_and_epochs_differ(sample_dir, tok):
@@ -155,3 +172,13 @@ def test_a_one_shard_stream_is_shuffled_without_the_shard_interleaving_and_in_th
             rows.append([(r["src"], r["tgt"]) for r in shuffled])
         assert rows[0] == rows[1] and len(rows[0]) > 1000
         assert rows[0] != [(r["src"], r["tgt"]) for r in stream_pairs(spec)]  # shuffled, not the file's order
+
+
+def test_the_training_loader_takes_data_max_sentences_from_the_config(sample_dir, tok):
+    from helpers import compose_cfg
+    from nmt.runner import build_loader
+
+    cfg = compose_cfg([f"data.dir={sample_dir}", "data.max_sentences=8", "data.num_workers=0", "data.max_tokens=3000"])
+    loader = build_loader(cfg, CorpusSpec(str(sample_dir / "train.tsv")), tok, torch.device("cpu"))
+    sizes = [next(loader).src.size(0) for _ in range(30)]
+    assert max(sizes) == 8

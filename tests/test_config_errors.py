@@ -81,6 +81,7 @@ def test_missing_corpus_says_what_to_run(tmp_path):
         ("trainer.log_every=0", "trainer.log_every=0: expected an integer >= 1"),
         ("data.max_tokens=0", "data.max_tokens=0: expected an integer >= 1"),
         ("data.valid_max_sentences=-5", "data.valid_max_sentences=-5: expected an integer >= 0"),
+        ("data.max_sentences=-1", "data.max_sentences=-1: expected an integer >= 0 (0 = no cap)"),
         ("encoder.hidden_size=0", "encoder.hidden_size=0: expected an integer >= 1"),
         ("decoder.layers=0", "decoder.layers=0: expected an integer >= 1"),
         ("tokenizer.vocab_size=-8000", "tokenizer.vocab_size=-8000: expected an integer >= 1"),

@@ -75,14 +75,18 @@ def collate(
     )
 
 
-def token_budget_groups(order: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Cut ``order`` (indices sorted by length) into groups with n * max(len) <= max_tokens."""
+def token_budget_groups(
+    order: Sequence[int], lengths: Sequence[int], max_tokens: int, max_sentences: int = 0
+) -> list[list[int]]:
+    """Cut ``order`` (indices sorted by length) into groups with n * max(len) <= max_tokens and, when
+    ``max_sentences`` > 0, n <= max_sentences."""
     groups: list[list[int]] = []
     cur: list[int] = []
     longest = 0
     for i in order:
         new_longest = max(longest, lengths[i])
-        if cur and new_longest * (len(cur) + 1) > max_tokens:
+        full = max_sentences and len(cur) >= max_sentences
+        if cur and (full or new_longest * (len(cur) + 1) > max_tokens):
             groups.append(cur)
             cur, new_longest = [], lengths[i]
         cur.append(i)
@@ -179,10 +183,11 @@ class BatchStream(IterableDataset):
         starts: Sequence[tuple[int, int]] | None = None,
         sampling: Sampling | None = None,
         word_dropout: tuple[float, float] = (0.0, 0.0),
+        max_sentences: int = 0,
     ):
         super().__init__()
         self.spec, self.tokenizer_state = spec, tokenizer_state
-        self.max_len, self.max_tokens = max_len, max_tokens
+        self.max_len, self.max_tokens, self.max_sentences = max_len, max_tokens, max_sentences
         self.bucket_size, self.shuffle_buffer, self.seed = bucket_size, shuffle_buffer, seed
         self.shards, self.num_shards = list(shards), num_shards
         self.starts = list(starts) if starts is not None else [(0, 0)] * len(self.shards)
@@ -235,7 +240,7 @@ class BatchStream(IterableDataset):
             # Sort by padded length, then target length, random tie-break: both sides pack tightly.
             keys = {i: (lengths[i], len(tgts[i]), rng.random()) for i in keep}
             order = sorted(keep, key=keys.__getitem__)
-            groups = token_budget_groups(order, lengths, self.max_tokens)
+            groups = token_budget_groups(order, lengths, self.max_tokens, self.max_sentences)
             rng.shuffle(groups)
             for g in groups:
                 if index < skip:
