@@ -55,7 +55,7 @@ class DataConfig:
     # Token budget per batch: n_sentences * max(padded src len, padded tgt len) <= max_tokens.
     max_tokens: int = 2000
     # And at most this many sentence pairs per batch (0 = no cap): the papers' fixed batch sizes (Bahdanau et al.
-    # 2015: 80, Luong et al. 2015: 128) with data.max_tokens high enough not to bind first.
+    # 2015: 80, Luong et al. 2015: 128) with max_tokens >= max_sentences * max_len, so the budget never binds first.
     max_sentences: int = 0
     # Pairs read ahead, sorted by length and cut into batches (bigger = less padding).
     bucket_size: int = 20000
