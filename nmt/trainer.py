@@ -147,7 +147,8 @@ class Validator:
             with self.precision.autocast():
                 logits, _ = model(b.src, b.src_len, b.tgt_in)
             loss_sum += float(nll_loss(logits, b.tgt_out))
-            n_right += int(((logits.argmax(-1) == b.tgt_out) & (b.tgt_out != PAD)).sum())
+            # summed on the device, read once below: no second host sync per batch besides the loss's
+            n_right = n_right + ((logits.argmax(-1) == b.tgt_out) & (b.tgt_out != PAD)).sum()
             n_tok += b.n_tgt_tokens
         hyps = self.hypotheses(model)
         model.train()
@@ -157,7 +158,7 @@ class Validator:
             "ppl": math.exp(min(loss, 50.0)),
             # teacher-forced accuracy: the share of target pieces the model ranks first given the reference
             # prefix (OpenNMT-py's and Joey NMT's validation "acc")
-            "acc": 100.0 * n_right / max(1, n_tok),
+            "acc": 100.0 * int(n_right) / max(1, n_tok),
             "bleu": sacrebleu.corpus_bleu(hyps, [self.bleu_ref]).score,
             "chrf": sacrebleu.corpus_chrf(hyps, [self.bleu_ref]).score,
             # the first sentence and its translation, quoted so an empty one (an untrained model) shows
