@@ -32,7 +32,7 @@ from nmt.errors import NmtError
 from nmt.plots import curves, grid
 from nmt.runtime import load_model
 from nmt.search import SearchOptions
-from nmt.sweep import Job, Variant, collect, group, mean_spread
+from nmt.sweep import Job, Variant, collect, gain, group, mean_spread, ranking
 from nmt.translator import Translation, Translator
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "attention"
@@ -161,7 +161,8 @@ def write_report(
             "example": examples[j.name][0].text,
             **found,
         }
-    variants = sorted(group(jobs), key=lambda v: -mean_spread([numbers[j.name]["bleu"] for j in v.jobs])[0])
+    by = ranking(jobs)  # the jobs' shared trainer.select_by, else BLEU
+    variants = sorted(group(jobs), key=lambda v: -mean_spread([gain(by, j.best) for j in v.jobs])[0])
     bleu = {k: x["bleu"] for k, x in numbers.items()}
     heat = heatmap_grid(variants, examples, bleu, sweep / "report_heatmaps.png", len(texts))
     series = [(title(v), *j.curve()) for v in variants for j in v.jobs]
@@ -181,7 +182,8 @@ def markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, cu
     lines = [
         f"# Sweep report: `{sweep}`",
         "",
-        "BLEU/chrF: the best validation of each run (sacrebleu, greedy, detokenised); with several seeds "
+        "BLEU/chrF: the validation each run saved `best.pt` at (its best by `trainer.select_by`, BLEU unless "
+        "set; sacrebleu, greedy, detokenised); with several seeds "
         "`mean ± spread`, spread = (max − min) / 2, so the interval spans every seed. Attention statistics "
         f"(`nmt/attention_stats.py`), from greedy decoding of {n} valid.tsv sentences with `best.pt`, "
         "mean over seeds: entropy = mean entropy of a target step's weights (nats); max-share = mean weight "

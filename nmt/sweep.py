@@ -13,6 +13,7 @@ No model is loaded here: ``nmt.report`` decodes, this module only reads configs 
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from collections.abc import Iterable
@@ -53,9 +54,15 @@ class Job:
         return OmegaConf.select(self.cfg, "seed", default=None)
 
     @property
+    def metric(self) -> str:
+        """The job's ``trainer.select_by``: the validation metric that chose its ``best.pt``."""
+        return str(OmegaConf.select(self.cfg, "trainer.select_by", default="bleu") or "bleu")
+
+    @property
     def best(self) -> dict:
-        """The validation with the highest BLEU (the one ``best.pt`` was saved at)."""
-        return max(self.validations, key=lambda r: r["bleu"])
+        """The validation ``best.pt`` was saved at: the first with the highest ``trainer.select_by`` value
+        (the lowest for ``loss``), as nmt.trainer.EarlyStopping keeps it."""
+        return max(self.validations, key=lambda r: gain(self.metric, r))
 
     @property
     def checkpoint(self) -> Path:
@@ -72,6 +79,24 @@ class Variant:
     order: str
     label: str  # the other differing keys, "key=value, …" ("" when only attention/order vary)
     jobs: list[Job]  # one per seed, lowest seed first
+
+
+# trainer.select_by → its name in summaries (nmt.trainer.METRICS spells them out; that module needs torch).
+METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "acc": "accuracy", "loss": "loss"}
+
+
+def gain(metric: str, validation: dict) -> float:
+    """A validation's ``metric`` with higher = better (``loss`` negated); a record without it ranks last."""
+    value = validation.get(metric)
+    if value is None:
+        return -math.inf
+    return -value if metric == "loss" else value
+
+
+def ranking(jobs: Iterable[Job]) -> str:
+    """The metric to rank jobs by: their shared ``trainer.select_by``, or BLEU when they differ."""
+    metrics = {j.metric for j in jobs}
+    return metrics.pop() if len(metrics) == 1 else "bleu"
 
 
 def order_label(cfg: Any) -> str:
@@ -182,9 +207,17 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)
         jobs, skipped = collect(sweep)
-        lines = [f"sweep {sweep}: {len(jobs)} job(s) with a validation, best valid BLEU first (greedy, as validated):"]
-        for j in sorted(jobs, key=lambda j: -j.best["bleu"]):
-            lines.append(f"  {j.best['bleu']:6.2f}  step {j.best['step']:>6}  {j.name}")
+        by = ranking(jobs)
+        if by == "bleu":
+            head = "best valid BLEU first (greedy, as validated)"
+        else:
+            head = f"best valid {METRIC_NAMES[by]} first (trainer.select_by={by}; BLEU greedy, as validated)"
+        lines = [f"sweep {sweep}: {len(jobs)} job(s) with a validation, {head}:"]
+        for j in sorted(jobs, key=lambda j: -gain(by, j.best)):
+            b = j.best
+            digits = 4 if by == "loss" else 2
+            score = "" if by == "bleu" else f"{METRIC_NAMES[by]} {b.get(by, math.nan):.{digits}f}  BLEU "
+            lines.append(f"  {score}{b['bleu']:6.2f}  step {b['step']:>6}  {j.name}")
         lines += [f"  (no result) {f.name}: {why}" for f, why in skipped]
         lines.append(f"tables, curves and attention statistics: python -m nmt.report {shlex.quote(str(sweep))}")
         print("\n".join(lines), file=sys.stderr)

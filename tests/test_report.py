@@ -180,3 +180,60 @@ def test_the_sweep_summary_quotes_its_report_command_for_the_shell(tmp_path, cap
     assert lines[0] == f"sweep {sweep}: 0 job(s) with a validation, best valid BLEU first (greedy, as validated):"
     assert lines[1].startswith("  (no result) 0: no validation in metrics.jsonl")
     assert lines[-1] == f"tables, curves and attention statistics: python -m nmt.report '{sweep}'"
+
+
+def sweep_of(tmp_path: Path, jobs: dict[str, tuple[str, list[dict]]]) -> Path:
+    """A sweep folder of finished jobs: name → (trainer.select_by, metrics.jsonl validations)."""
+    sweep = tmp_path / "sweep"
+    for name, (metric, records) in jobs.items():
+        folder = sweep / name
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "config.yaml").write_text(f"seed: 1\ntrainer:\n  select_by: {metric}\n")
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (folder / "checkpoints").mkdir()
+        (folder / "checkpoints" / "best.pt").write_bytes(b"")
+    return sweep
+
+
+def v(step: int, bleu: float, loss: float, chrf: float = 0.0) -> dict:
+    return {"step": step, "bleu": bleu, "chrf": chrf, "loss": loss, "acc": 50.0}
+
+
+def test_a_job_s_best_is_the_validation_its_select_by_kept_and_the_summary_ranks_by_it(tmp_path, capsys):
+    """With trainer.select_by=loss, best.pt is the lowest-loss validation, not the highest-BLEU one: the
+    summary and nmt.report must show that validation's step and BLEU, and rank the jobs by loss."""
+    from nmt.sweep import SweepSummary, collect, ranking
+
+    sweep = sweep_of(
+        tmp_path,
+        {
+            "a": ("loss", [v(10, 5.0, 3.0), v(20, 9.0, 2.5), v(30, 8.0, 2.0), v(40, 7.0, 2.0)]),
+            "b": ("loss", [v(10, 12.0, 2.2), v(20, 11.0, 2.4)]),
+        },
+    )
+    jobs = {j.name: j for j in collect(sweep)[0]}
+    assert jobs["a"].best["step"] == 30 and jobs["b"].best["step"] == 10  # the first lowest loss
+    assert ranking(jobs.values()) == "loss"
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    lines = capsys.readouterr().err.splitlines()
+    assert "best valid loss first (trainer.select_by=loss" in lines[0]
+    assert lines[1].split() == ["loss", "2.0000", "BLEU", "8.00", "step", "30", "a"]
+    assert lines[2].split() == ["loss", "2.2000", "BLEU", "12.00", "step", "10", "b"]
+
+
+def test_jobs_selected_by_different_metrics_are_ranked_by_the_bleu_of_their_best_pt(tmp_path, capsys):
+    from nmt.sweep import SweepSummary, collect, ranking
+
+    sweep = sweep_of(
+        tmp_path,
+        {
+            "by_bleu": ("bleu", [v(10, 5.0, 3.0), v(20, 9.0, 2.9)]),
+            "by_chrf": ("chrf", [v(10, 12.0, 2.2, chrf=40.0), v(20, 11.0, 2.4, chrf=41.0)]),
+        },
+    )
+    jobs = {j.name: j for j in collect(sweep)[0]}
+    assert ranking(jobs.values()) == "bleu" and jobs["by_chrf"].best["step"] == 20
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    lines = capsys.readouterr().err.splitlines()
+    assert "best valid BLEU first (greedy" in lines[0]
+    assert [x.split() for x in lines[1:3]] == [["11.00", "step", "20", "by_chrf"], ["9.00", "step", "20", "by_bleu"]]
