@@ -87,8 +87,18 @@ def fmt(values: list[float], digits: int) -> str:
     return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {spread:.{digits}f}"
 
 
-def row(v: Variant, numbers: dict[str, dict], show_label: bool) -> str:
-    """The variant's table row: BLEU/chrF as mean ± spread, the rest as means over its seeds."""
+def best_first(variants: list[Variant], by: str) -> list[Variant]:
+    """Variants by the mean over their seeds of ``by`` (a trainer.select_by metric) at best.pt, best first."""
+    return sorted(variants, key=lambda v: -mean_spread([gain(by, j.best) for j in v.jobs])[0])
+
+
+# The ranking metrics that have no column of their own: shown after chrF when the jobs were selected by them.
+EXTRA = {"loss": ("valid loss", 4), "acc": ("acc %", 2)}
+
+
+def row(v: Variant, numbers: dict[str, dict], show_label: bool, by: str = "bleu") -> str:
+    """The variant's table row: BLEU/chrF (and the ``by`` metric of EXTRA) as mean ± spread, the rest as
+    means over its seeds."""
     per = [numbers[j.name] for j in v.jobs]
 
     def mean(key: str) -> float:
@@ -96,6 +106,8 @@ def row(v: Variant, numbers: dict[str, dict], show_label: bool) -> str:
 
     cells = [v.attention, v.order, *([v.label] if show_label else []), str(len(per))]
     cells += [fmt([n["bleu"] for n in per], 2), fmt([n["chrf"] for n in per], 2)]
+    if by in EXTRA:
+        cells.append(fmt([n[by] for n in per], EXTRA[by][1]))
     cells += [f"{mean(s):.3f}" for s in STATS]
     cells += [f"{mean('tgt_tokens_per_s'):,.0f}", f"{round(mean('params')):,}"]
     return "| " + " | ".join(cells) + " |"
@@ -154,6 +166,7 @@ def write_report(
             "seed": j.seed,
             "bleu": best["bleu"],
             "chrf": best["chrf"],
+            **{k: best.get(k) for k in EXTRA},  # None in report.json for a record without it
             "best_step": best["step"],
             "tgt_tokens_per_s": sum(r["tgt_tokens_per_s"] for r in j.validations) / len(j.validations),
             "steps": last["step"],
@@ -162,21 +175,23 @@ def write_report(
             **found,
         }
     by = ranking(jobs)  # the jobs' shared trainer.select_by, else BLEU
-    variants = sorted(group(jobs), key=lambda v: -mean_spread([gain(by, j.best) for j in v.jobs])[0])
+    variants = best_first(group(jobs), by)
     bleu = {k: x["bleu"] for k, x in numbers.items()}
     heat = heatmap_grid(variants, examples, bleu, sweep / "report_heatmaps.png", len(texts))
     series = [(title(v), *j.curve()) for v in variants for j in v.jobs]
     curve = curves(series, sweep / "report_curves.png", "training minutes", "valid BLEU")
     md = sweep / "report.md"
-    md.write_text("\n".join(markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, curve)), "utf-8")
+    lines = markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, curve, by)
+    md.write_text("\n".join(lines), "utf-8")
     (sweep / "report.json").write_text(json.dumps(list(numbers.values()), indent=1))
     return md, heat
 
 
-def markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, curve) -> list[str]:
-    """The lines of report.md."""
+def markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, curve, by="bleu") -> list[str]:
+    """The lines of report.md; ``by``: the metric the variants are ordered by (best first)."""
     show_label = any(v.label for v in variants)
     head = ["attention", "order", *(["variant"] if show_label else []), "seeds", "BLEU", "chrF"]
+    head += [EXTRA[by][0]] if by in EXTRA else []
     head += ["entropy", "max-share", "backward", "coverage", "tok/s", "params"]
     n = f"the first {valid_sentences}" if valid_sentences else "all"
     lines = [
@@ -189,12 +204,13 @@ def markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, cu
         "mean over seeds: entropy = mean entropy of a target step's weights (nats); max-share = mean weight "
         "on the single best source position; backward = share of steps whose most-attended source position "
         "moved back; coverage = evenness of the mass each source position received (1 = even). tok/s: "
-        "mean training target tokens per second; params: model parameters.",
+        "mean training target tokens per second; params: model parameters. Rows: best first by "
+        + ("valid BLEU." if by == "bleu" else f"`trainer.select_by={by}`, which every job shares."),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" if h in ("attention", "order", "variant") else "---:" for h in head) + "|",
     ]
-    lines += [row(v, numbers, show_label) for v in variants]
+    lines += [row(v, numbers, show_label, by) for v in variants]
     lines += ["", "Every job:", "", "| job | seed | BLEU | chrF | best at step | steps | minutes |"]
     lines += ["|---|---:|---:|---:|---:|---:|---:|"]
     for v in variants:

@@ -264,8 +264,9 @@ class EarlyStopping:
         """'best valid BLEU 41.20 at step 900', or with another metric 'best valid chrF 60.10 (BLEU 41.20) ...'."""
         if self.metric == "bleu" or p.best_score is None:
             return f"best valid BLEU {p.best_bleu:.2f} at step {p.best_step}"
+        name = "validation loss" if self.metric == "loss" else f"valid {METRICS[self.metric]}"  # not "valid validation"
         return (
-            f"best valid {METRICS[self.metric]} {p.best_score:.{4 if self.metric == 'loss' else 2}f} "
+            f"best {name} {p.best_score:.{4 if self.metric == 'loss' else 2}f} "
             f"(BLEU {p.best_bleu:.2f}) at step {p.best_step}"
         )
 

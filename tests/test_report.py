@@ -188,7 +188,9 @@ def sweep_of(tmp_path: Path, jobs: dict[str, tuple[str, list[dict]]]) -> Path:
     for name, (metric, records) in jobs.items():
         folder = sweep / name
         (folder / ".hydra").mkdir(parents=True)
-        (folder / ".hydra" / "config.yaml").write_text(f"seed: 1\ntrainer:\n  select_by: {metric}\n")
+        (folder / ".hydra" / "config.yaml").write_text(
+            f"seed: 1\nattention:\n  name: {name}\ntrainer:\n  select_by: {metric}\n"
+        )
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         (folder / "checkpoints").mkdir()
         (folder / "checkpoints" / "best.pt").write_bytes(b"")
@@ -237,3 +239,26 @@ def test_jobs_selected_by_different_metrics_are_ranked_by_the_bleu_of_their_best
     lines = capsys.readouterr().err.splitlines()
     assert "best valid BLEU first (greedy" in lines[0]
     assert [x.split() for x in lines[1:3]] == [["11.00", "step", "20", "by_chrf"], ["9.00", "step", "20", "by_bleu"]]
+
+
+def test_report_rows_selected_by_loss_show_it_and_are_ordered_by_it(tmp_path):
+    """Jobs selected by loss: report.md's table has a valid loss column (best.pt's validation) and the
+    lowest loss comes first, though the other job has the higher BLEU."""
+    from nmt.report import best_first, markdown, row
+    from nmt.sweep import collect, group, ranking
+
+    sweep = sweep_of(tmp_path, {"a": ("loss", [v(10, 5.0, 3.0), v(20, 9.0, 2.0)]), "b": ("loss", [v(10, 12.0, 2.5)])})
+    jobs = collect(sweep)[0]
+    numbers = {
+        j.name: {"bleu": j.best["bleu"], "chrf": 1.0, "loss": j.best["loss"], "tgt_tokens_per_s": 1.0, "params": 1}
+        | {"seed": 1, "best_step": j.best["step"], "steps": 20, "minutes": 1.0, "example": "x"}
+        | dict.fromkeys(("entropy", "max_share", "backward", "coverage"), 0.5)
+        for j in jobs
+    }
+    variants = best_first(group(jobs), ranking(jobs))
+    assert [w.attention for w in variants] == ["a", "b"]
+    assert [x.split("|")[6].strip() for x in (row(w, numbers, False, "loss") for w in variants)] == ["2.0000", "2.5000"]
+    assert [w.attention for w in best_first(group(jobs), "bleu")] == ["b", "a"]
+    md = markdown(sweep, variants, numbers, [], ["x"], 0, Path("h.png"), Path("c.png"), "loss")
+    assert "| attention | order | seeds | BLEU | chrF | valid loss | entropy |" in "\n".join(md)
+    assert "Rows: best first by `trainer.select_by=loss`, which every job shares." in "\n".join(md)

@@ -39,6 +39,13 @@ def test_each_metric_keeps_its_own_best_and_counts_patience():
     assert stop.gain(v(30, 60, 2.1)) == -2.1 and EarlyStopping(metric="chrf").gain(v(30, 60, 2.1)) == 60
 
 
+def test_the_end_of_run_line_names_the_metric_once():
+    p = Progress(best_score=2.71828, best_bleu=41.2, best_step=900)
+    assert EarlyStopping(metric="loss").describe_best(p) == "best validation loss 2.7183 (BLEU 41.20) at step 900"
+    assert EarlyStopping(metric="chrf").describe_best(p) == "best valid chrF 2.72 (BLEU 41.20) at step 900"
+    assert EarlyStopping(metric="bleu").describe_best(p) == "best valid BLEU 41.20 at step 900"
+
+
 def test_a_checkpoint_from_before_select_by_resumes_against_its_best_bleu():
     old = Progress(**{"step": 100, "best_bleu": 20.0, "best_step": 100})  # no best_score in its progress
     stop = EarlyStopping(metric="bleu")
