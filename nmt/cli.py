@@ -46,8 +46,10 @@ from nmt.config import (
     bad_choice,
     did_you_mean,
     field_help,
+    override,
     register_configs,
     schema_keys,
+    shell_quote,
     validate,
 )
 from nmt.errors import CheckpointError, NmtError
@@ -246,6 +248,21 @@ def _one_line(e: BaseException) -> str:
     return first[0] + (f": {cause[0]}" if cause and cause[0] not in first[0] else "")
 
 
+def unreadable(parser: Any, overrides: Sequence[str]) -> str | None:
+    """The first override Hydra's grammar refuses, named, with the quoted form that reads its value back
+    (a path into a sweep job's folder, ``0_attention=dot,seed=1``, holds ``=`` and ``,``)."""
+    for text in overrides:
+        try:
+            parser.parse_override(text)
+        except Exception as e:  # noqa: BLE001
+            key, sep, value = text.partition("=")
+            quoted = sep and value and value[0] not in "'\"" and not key.startswith("~")
+            fix = f"; quote the value for Hydra (in the shell: {shell_quote(override(key, value))})" if quoted else ""
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]  # its cause only repeats it
+            return f"{text}: Hydra cannot read this override ({why}){fix}"
+    return None
+
+
 def near_key(key: str, keys: Sequence[str], groups: dict) -> str | None:
     """A did-you-mean for an unknown key: within its section when the section exists ('trainer.max_step' →
     trainer.max_steps, and not some other section's key that merely shares the prefix), or the same leaf in
@@ -312,10 +329,11 @@ def preflight(cmd: Command, overrides: Sequence[str]) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    parser = OverridesParser.create()
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        parsed = parser.parse_overrides(list(overrides))
     except Exception as e:  # noqa: BLE001  (Hydra's syntax errors: reported in one line)
-        raise Stop([_one_line(e)]) from None
+        raise Stop([unreadable(parser, overrides) or _one_line(e)]) from None
     if problems := check_overrides(cmd, parsed):
         raise Stop(problems)
     fixed = [o.input_line for o in parsed if not o.key_or_group.startswith("hydra") and not o.is_sweep_override()]

@@ -13,6 +13,7 @@ import difflib
 import importlib.util
 import inspect
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -342,6 +343,33 @@ class AverageConfig:
 
 
 JOB_NAME_LIMIT = 150  # characters of a sweep job's folder name
+
+
+def override(key: str, value: Any) -> str:
+    """``key=value`` as Hydra's override grammar reads ``value`` back as that exact text: quoted when the
+    plain text would not parse or would change (a sweep job's folder, ``0_attention=dot,seed=1``, holds
+    ``=`` and ``,``; ``~``, brackets and quotes need it too). For printed commands, with ``shlex`` on top."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    text, plain = str(value), f"{key}={value}"
+    try:
+        if OverridesParser.create().parse_override(plain).value() == text:
+            return plain
+    except Exception:  # noqa: BLE001  (Hydra's grammar refuses it: quote it)
+        pass
+    # Inside Hydra's quotes a backslash escapes only a quote or the backslashes before one (or the end).
+    quoted = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    quoted = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, quoted)
+    return f"{key}='{quoted}'"
+
+
+def shell_quote(arg: str) -> str:
+    """``arg`` for a printed shell command: as is when safe, else in single quotes, or in double quotes when
+    it holds Hydra's single quotes (``"checkpoint='a=b/best.pt'"`` rather than shlex's ``'"'"'`` chains)."""
+    quoted = shlex.quote(arg)
+    if quoted == arg or "'" not in arg or re.search(r'[$`\\"!]', arg):
+        return quoted
+    return f'"{arg}"'
 
 
 def job_dirname(override_dirname: str, *first: str) -> str:

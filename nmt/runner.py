@@ -9,7 +9,6 @@ a second, before torch is imported) and then calls ``run``. Its log lines are th
 from __future__ import annotations
 
 import logging
-import shlex
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from nmt.calibrate import cached_kernel_choices
-from nmt.config import to_plain
+from nmt.config import override, shell_quote, to_plain
 from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
 from nmt.data.batching import Batch, BatchStream, worker_context, worker_errors, worker_init
 from nmt.data.corpus import CorpusSpec, load_pairs
@@ -121,7 +120,8 @@ def resume_command(overrides: Sequence[str], run_dir: Path, then: str = "") -> s
     drop = {"trainer.resume", "hydra.run.dir", then.split("=", 1)[0]}
     keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in drop]
     extra = [then] if then else []
-    return shlex.join(["python", "-m", "nmt.train", *keep, f"hydra.run.dir={run_dir}", "trainer.resume=true", *extra])
+    args = [*keep, override("hydra.run.dir", run_dir), "trainer.resume=true", *extra]
+    return " ".join(["python -m nmt.train", *map(shell_quote, args)])
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:
@@ -311,7 +311,7 @@ def finish(
         log.info(
             "translate with: python -m nmt.translate %s   (answers the lines you type, Ctrl-D ends; add "
             "input=FILE output=FILE for a file)",
-            shlex.quote(f"checkpoint={done.recommended(best, p.best_bleu)}"),
+            shell_quote(override("checkpoint", done.recommended(best, p.best_bleu))),
         )
         limit = result.reason.split()[1].split("=")[0] if result.reason.startswith("reached trainer.") else None
         if limit:

@@ -451,7 +451,7 @@ class Trainer:
             set_rng_state(rngs[self.dist.rank])
         else:  # more ranks than the run had: a fresh stream per rank, still reproducible
             torch.manual_seed(seed + 7919 * self.dist.rank + p.step)
-        best = f"best BLEU {p.best_bleu:.2f} at step {p.best_step}" if p.best_bleu >= 0 else "no validation yet"
+        best = self.stopping.describe_best(p) if p.best_bleu >= 0 else "no validation yet"
         log.info("resuming from %s: step %d, epoch %d, %s", path, p.step, p.epoch, best)
 
     # ---- data ----

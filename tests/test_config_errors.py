@@ -259,3 +259,38 @@ def test_sampling_takes_n_best_as_the_number_of_draws():
 
     preflight(COMMANDS["translate"], ["checkpoint=x.pt", "sample=true", "n_best=4"])
     preflight(COMMANDS["translate"], ["checkpoint=x.pt", "sample=true", "n_best=4", "beam_size=1"])
+
+
+VALUES = ["/r/0_attention=dot,seed=1/checkpoints/best.pt", "/a b/x.pt", "it's", "x\\", "a\\'b", "[x]", "~/r"]
+VALUES += ["plain/p.pt"]
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_printed_overrides_read_back_as_the_same_value_through_the_shell_and_hydra(value):
+    """A sweep job's folder holds = and , (Hydra's override grammar refuses them unquoted): the commands a run
+    prints (translate with, resume) quote the value for Hydra and the whole for the shell."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from nmt.config import override, shell_quote
+
+    printed = shell_quote(override("checkpoint", value))
+    (arg,) = shlex.split(printed)
+    assert OverridesParser.create().parse_override(arg).value() == value, printed
+    if value == "plain/p.pt":
+        assert printed == "checkpoint=plain/p.pt"  # left alone when nothing needs quoting
+    if value.startswith("/r/"):
+        assert printed == f"\"checkpoint='{value}'\""  # readable: no '"'"' chains
+
+
+def test_an_override_hydra_cannot_read_is_named_with_its_quoted_form():
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    path = "/r/0_attention=dot,seed=1/checkpoints/best.pt"
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS["translate"], ["beam_size=2", f"checkpoint={path}"])
+    assert e.value.lines == [
+        f"checkpoint={path}: Hydra cannot read this override (mismatched input '=' expecting <EOF>); quote the value "
+        f"for Hydra (in the shell: \"checkpoint='{path}'\")"
+    ]

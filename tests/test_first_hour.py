@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from helpers import REPO, TINY, env, popen_module, refused_before_torch, run_module, tiny_sweep
 from nmt.rundir import disk_usage
@@ -32,8 +34,10 @@ def test_a_short_run_names_its_folder_shows_eta_keeps_wandb_quiet_and_stores_che
     """One tiny run, several first-hour promises: the run directory in line 1, timestamped progress
     lines with % done and ETA, an end that says why and how to translate, no wandb console chatter
     (wandb.mode=offline still logs), and checkpoints that take little more than the largest file."""
-    run = tmp_path / "my run"  # a space: the printed commands quote for the shell
-    args = [f"data.dir={sample_dir}", *QUIET, "trainer.max_steps=40", "trainer.log_every=20", f"hydra.run.dir={run}"]
+    # A space, and = and , as in a sweep job's folder: the printed commands quote for the shell and for Hydra.
+    run = tmp_path / "my run,lr=3"
+    args = [f"data.dir={sample_dir}", *QUIET, "trainer.max_steps=40", "trainer.log_every=20"]
+    args.append(f"hydra.run.dir='{run}'")
     e = {k: v for k, v in env(tmp_path / "cache").items() if k != "WANDB_MODE"}
     proc = subprocess.run(
         [sys.executable, "-m", "nmt.train", *args, "wandb.mode=offline"],
@@ -54,8 +58,10 @@ def test_a_short_run_names_its_folder_shows_eta_keeps_wandb_quiet_and_stores_che
     # why it stopped comes first, before the finishing (decoding defaults, shortlist) it then spends time on
     stop = next(i for i, x in enumerate(lines) if "stopping: reached trainer.max_steps=40" in x)
     assert all(i > stop for i, x in enumerate(lines) if "[nmt.finishing]" in x)
-    hint = f"python -m nmt.translate 'checkpoint={run}/checkpoints/best.pt'   (answers the lines you type, Ctrl-D ends"
+    hint = f"python -m nmt.translate \"checkpoint='{run}/checkpoints/best.pt'\"   (answers the lines you type, Ctrl-D"
     assert hint in tail, tail
+    (arg,) = shlex.split(tail.split("python -m nmt.translate ")[1].split("   (")[0])
+    assert OverridesParser.create().parse_override(arg).value() == f"{run}/checkpoints/best.pt"
     # each validation line shows the first valid sentence and its translation (quoted: it may be empty)
     first = (sample_dir / "valid.tsv").read_text(encoding="utf-8").split("\t", 1)[0]
     validations = [x for x in lines if "validation at step" in x]
