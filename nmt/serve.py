@@ -167,10 +167,17 @@ def create_app(translator: Translator, max_chars: int) -> Flask:
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException) -> tuple[Response, int]:
-        """404, 405, 413 (body too large), 500 ...: JSON with the reason, like the API's own errors."""
+        """404, 405, 413 (body too large), 500 ...: JSON with the reason, like the API's own errors; a 404 or 405
+        names the endpoints there are (a client guessing ``POST /translate`` learns the path)."""
+        if e.code in (404, 405):
+            why = "no such endpoint" if e.code == 404 else f"{request.method} is not allowed here"
+            return jsonify(error=f"{e.code} {e.name}: {request.method} {request.path}: {why}; {ENDPOINTS}"), e.code
         return jsonify(error=f"{e.code} {e.name}: {e.description}"), e.code or 500
 
     return app
+
+
+ENDPOINTS = 'this server answers GET / (the demo page), GET /healthz and POST /api/translate with {"text": "..."}'
 
 
 def make_server(app: Callable[[dict, Any], Any], host: str, port: int, threads: int):

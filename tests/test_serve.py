@@ -156,7 +156,12 @@ def test_other_http_errors_answer_json(server):
         urllib.request.urlopen(server + "/api/translate", timeout=10)
         raise AssertionError("GET /api/translate was answered")
     except urllib.error.HTTPError as e:
-        assert e.code == 405 and "405 Method Not Allowed" in json.loads(e.read())["error"]
+        error = json.loads(e.read())["error"]
+        assert e.code == 405 and error.startswith("405 Method Not Allowed: GET /api/translate: GET is not allowed here")
+        assert "POST /api/translate" in error.split("; ")[1]
+    code, j = post(server + "/translate", b'{"text": "Hello."}')  # a guessed path: told the real ones
+    assert code == 404 and j["error"].startswith("404 Not Found: POST /translate: no such endpoint; this server ")
+    assert all(x in j["error"] for x in ("GET /healthz", 'POST /api/translate with {"text": "..."}'))
 
 
 def test_each_line_is_translated_on_its_own(server):
