@@ -113,7 +113,8 @@ def format_table(checkpoint: str, test: str, beam: int | str, s: dict) -> str:
         pb = s["paired_bootstrap"]
         lines.append(
             f"paired bootstrap ({pb['samples']} samples): baseline BLEU {pb['baseline_bleu']:.2f}, system "
-            f"{pb['system_mean']:.2f} ± {pb['system_ci95']:.2f} (95% CI), p = {pb['p_value']:.4f}"
+            f"{pb['system_bleu']:.2f} (over the resamples {pb['system_mean']:.2f} ± {pb['system_ci95']:.2f}, 95% CI), "
+            f"p = {pb['p_value']:.4f}"
             f"{' (significant at 0.05)' if pb['significant_at_0.05'] else ' (not significant at 0.05)'}"
         )
     return "\n".join(lines)

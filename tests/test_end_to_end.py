@@ -279,6 +279,9 @@ def test_average_ensemble_and_bootstrap_clis(trained, tmp_path, sample_dir):
         proc = run_module("nmt.evaluate", args, cache)
         pb = json.loads(js.read_text())["paired_bootstrap"]
         assert pb["significant_at_0.05"] == significant and "paired bootstrap" in proc.stdout
+        # the system's BLEU on all lines, as in the table above it, then the resamples' mean
+        said = f"baseline BLEU {pb['baseline_bleu']:.2f}, system {pb['system_bleu']:.2f} (over the resamples "
+        assert said in proc.stdout and f"| BLEU | {pb['system_bleu']:.2f} |" in proc.stdout, proc.stdout
     assert pb["baseline_bleu"] == 100.0 and pb["p_value"] < 0.05
 
 
