@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from nmt.errors import CheckpointError, ConfigError
-from nmt.rundir import atomic_write
+from nmt.rundir import atomic_write, no_checkpoint
 
 FORMAT = "nmt-checkpoint"
 VERSION = 1
@@ -34,7 +34,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     """Load and check a checkpoint, turning every failure into a one-line ``CheckpointError``."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint not found")
+        raise CheckpointError(no_checkpoint(path))
     unreadable = f"{path}: not a readable checkpoint (truncated or corrupt?)"
     if not zipfile.is_zipfile(path):
         # torch.save writes a zip archive; anything else (a truncated file, random bytes) would go to

@@ -53,6 +53,7 @@ from nmt.config import (
     validate,
 )
 from nmt.errors import CheckpointError, NmtError
+from nmt.rundir import no_checkpoint
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -374,7 +375,7 @@ def check_paths(
     output file whose folder does not exist (a checkpoint's contents are checked when it is loaded)."""
     for path in checkpoints:
         if path and not Path(path).is_file():
-            raise CheckpointError(f"{path}: checkpoint not found")
+            raise CheckpointError(no_checkpoint(path))
     for path in inputs:
         if path and not Path(path).is_file():
             raise NmtError(f"{path}: input file not found")

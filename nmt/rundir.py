@@ -79,6 +79,29 @@ def step_name(step: int) -> str:
     return f"step_{step}.pt"
 
 
+def no_checkpoint(path: str | Path) -> str:
+    """Why ``path`` is not a checkpoint file, in one line: not found, or a folder (a run directory or its
+    ``checkpoints/``), with the checkpoints in it to choose from, best.pt first, ready to paste."""
+    from nmt.config import override, shell_quote
+
+    given = Path(path)
+    if not given.is_dir():
+        return f"{path}: checkpoint not found"
+    folder = given / "checkpoints" if (given / "checkpoints").is_dir() else given
+    first = {"best.pt": 0, "averaged.pt": 1, "last.pt": 2}
+
+    def rank(f: Path) -> tuple[int, int]:
+        m = re.fullmatch(r"step_(\d+)\.pt", f.name)
+        return first.get(f.name, 3), -int(m.group(1)) if m else 0
+
+    found = sorted(folder.glob("*.pt"), key=rank)
+    if not found:
+        return f"{path}: a folder with no checkpoint (*.pt) in it; give a checkpoint file"
+    names = ", ".join(f.name for f in found[:5]) + (", ..." if len(found) > 5 else "")
+    example = shell_quote(override("checkpoint", found[0]))
+    return f"{path}: a folder, not a checkpoint file; give one of its checkpoints ({names}), e.g. {example}"
+
+
 class RunDir:
     """The files of one training run under ``root`` (see the module docstring for the layout).
 

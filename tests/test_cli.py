@@ -192,6 +192,25 @@ def test_a_missing_checkpoint_is_refused_before_torch_is_imported(module, tmp_pa
     assert line.endswith(f"[{module}][ERROR] - {tmp_path}/nope.pt: checkpoint not found"), line
 
 
+def test_a_run_folder_given_as_the_checkpoint_is_answered_with_its_checkpoints(tmp_path):
+    """checkpoint=RUN_DIR (the folder the run printed first) names the checkpoints in it, best.pt first, as a
+    pasteable override (Hydra-quoted: a sweep job's folder holds = and ,), before torch is imported."""
+    from nmt.rundir import no_checkpoint
+
+    run = tmp_path / "0_attention=dot,seed=1"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("step_100.pt", "last.pt", "step_200.pt", "best.pt"):
+        (run / "checkpoints" / name).write_bytes(b"")
+    line = refused_before_torch("nmt.translate", ["checkpoint='" + str(run) + "'"], tmp_path)
+    said = (
+        f"{run}: a folder, not a checkpoint file; give one of its checkpoints (best.pt, last.pt, step_200.pt, "
+        f"step_100.pt), e.g. \"checkpoint='{run}/checkpoints/best.pt'\""
+    )
+    assert line.endswith(f"[nmt.translate][ERROR] - {said}"), line
+    assert no_checkpoint(run / "checkpoints") == said.replace(f"{run}:", f"{run}/checkpoints:", 1)
+    assert no_checkpoint(tmp_path / "nope.pt") == f"{tmp_path}/nope.pt: checkpoint not found"
+
+
 def test_evaluate_refuses_a_missing_baseline_file_before_decoding(tmp_path):
     """baseline=FILE (hypotheses to compare with) is looked for before anything is decoded, not after."""
     (tmp_path / "best.pt").write_bytes(b"")
