@@ -586,7 +586,12 @@ def _train_problems(cfg: Any) -> list[str]:
             "(pip install tensorboard; scripts/install.sh installs it)"
         )
     # (not on resume: a run that has its own checkpoint no longer reads it, and may outlive the file)
-    if cfg.trainer.init_from and not cfg.trainer.resume and not Path(cfg.trainer.init_from).expanduser().is_file():
+    init = cfg.trainer.init_from and Path(cfg.trainer.init_from).expanduser()
+    if init and init.is_dir() and not cfg.trainer.resume:
+        from nmt.rundir import no_checkpoint
+
+        problems.append(f"trainer.init_from={no_checkpoint(init, 'trainer.init_from')}")
+    elif init and not cfg.trainer.resume and not init.is_file():
         problems.append(
             f"trainer.init_from={cfg.trainer.init_from}: no such file (expected a checkpoint: "
             "RUN_DIR/checkpoints/best.pt, averaged.pt or last.pt)"

@@ -79,9 +79,9 @@ def step_name(step: int) -> str:
     return f"step_{step}.pt"
 
 
-def no_checkpoint(path: str | Path) -> str:
+def no_checkpoint(path: str | Path, key: str = "checkpoint") -> str:
     """Why ``path`` is not a checkpoint file, in one line: not found, or a folder (a run directory or its
-    ``checkpoints/``), with the checkpoints in it to choose from, best.pt first, ready to paste."""
+    ``checkpoints/``), with the checkpoints in it to choose from, best.pt first, ready to paste as ``key``."""
     from nmt.config import override, shell_quote
 
     given = Path(path)
@@ -98,7 +98,7 @@ def no_checkpoint(path: str | Path) -> str:
     if not found:
         return f"{path}: a folder with no checkpoint (*.pt) in it; give a checkpoint file"
     names = ", ".join(f.name for f in found[:5]) + (", ..." if len(found) > 5 else "")
-    example = shell_quote(override("checkpoint", found[0]))
+    example = shell_quote(override(key, found[0]))
     return f"{path}: a folder, not a checkpoint file; give one of its checkpoints ({names}), e.g. {example}"
 
 

@@ -216,6 +216,14 @@ def test_init_from_a_missing_file_is_refused_unless_resuming(tmp_path):
         "RUN_DIR/checkpoints/best.pt, averaged.pt or last.pt)"
     ]
     preflight(COMMANDS["train"], [f"trainer.init_from={tmp_path}/gone.pt", "trainer.resume=true"])
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "best.pt").write_bytes(b"")
+    with pytest.raises(Stop) as e:  # the run's folder: its checkpoints named
+        preflight(COMMANDS["train"], [f"trainer.init_from={tmp_path}/run"])
+    assert e.value.lines == [
+        f"trainer.init_from={tmp_path}/run: a folder, not a checkpoint file; give one of its checkpoints (best.pt), "
+        f"e.g. trainer.init_from={tmp_path}/run/checkpoints/best.pt"
+    ]
 
 
 @pytest.mark.parametrize(
