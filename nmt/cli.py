@@ -202,6 +202,7 @@ def help_text(cmd: Command) -> str:
     rows = []
     for key in cmd.keys:
         default = "required" if OmegaConf.is_missing(*_parent(defaults, key)) else OmegaConf.select(defaults, key)
+        default = "unset" if default is None else default  # a command line writes null, not Python's None
         doc, choices = docs.get(key, ""), allowed(key)
         if choices and not all(c in doc for c in choices):
             doc += f" One of: {', '.join(choices)}."

@@ -261,7 +261,7 @@ class DecodeConfig:
     ensemble: list[str] = field(default_factory=list)  # more checkpoints to decode with, averaging p(y)
     # beam width (1 = greedy search); unset: the checkpoint's choice (made on valid when it was trained), else 5.
     beam_size: int | None = None
-    n_best: int = 1  # translate: print this many hypotheses per line (with scores) when > 1
+    n_best: int = 1  # nmt.translate: print this many hypotheses per line (with scores) when > 1
     # GNMT alpha (0 = raw log-probability); unset: the checkpoint's choice on valid, else 1.0.
     length_penalty: float | None = None
     coverage_penalty: float = 0.0  # GNMT beta; 0 = off
@@ -302,8 +302,8 @@ class DecodeConfig:
 
 @dataclass
 class TranslateConfig(DecodeConfig):
-    input: str | None = None  # a file; None = stdin, answered line by line
-    output: str | None = None  # a file; None = stdout
+    input: str | None = None  # a file; unset: stdin, answered line by line
+    output: str | None = None  # a file; unset: stdout
     # Lines read per batch from a file; each batch is sorted by length into searches, so bigger batches pad
     # less and decode faster (64 -> 500 lines: 1.29x on valid.tsv, docs/benchmarks.md); output is written
     # after each batch. stdin is answered line by line.

@@ -3,6 +3,7 @@ mistake is one line, and each command's --help says what it does and what it rea
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -136,6 +137,8 @@ def test_help_says_what_the_command_does(tmp_path, module, purpose, own_key):
     assert f"python -m {module} " in proc.stdout.split("Examples:")[1]
     if module == "nmt.translate":
         assert "trainer." not in proc.stdout and "attention=" not in proc.stdout
+        assert re.search(r"^  input +a file; unset: stdin, answered line by line \[unset\]$", proc.stdout, re.M)
+    assert "[None]" not in proc.stdout  # a default left unset, as a command line would write it
     assert not list(tmp_path.iterdir())
 
 
