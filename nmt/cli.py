@@ -26,6 +26,7 @@ import gc
 import logging
 import logging.config
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ from nmt.config import (
     allowed,
     bad_choice,
     did_you_mean,
+    expected_value,
     field_help,
     override,
     register_configs,
@@ -250,6 +252,14 @@ def _one_line(e: BaseException) -> str:
     return first[0] + (f": {cause[0]}" if cause and cause[0] not in first[0] else "")
 
 
+def wrong_type(cmd: Command, e: BaseException) -> str | None:
+    """Hydra's "Error merging override data.columns=1: Invalid value assigned: int is not a ListConfig ..." as
+    ``data.columns=1: expected a list in brackets, e.g. ...`` (the schema says what the key takes)."""
+    m = re.fullmatch(r"Error merging override ([\w.]+)=(.*)", (str(e).strip().splitlines() or [""])[0])
+    kind = m and expected_value(cmd.schema, m.group(1))
+    return f"{m.group(1)}={m.group(2)}: expected {kind}" if m and kind else None
+
+
 def unreadable(parser: Any, overrides: Sequence[str]) -> str | None:
     """The first override Hydra's grammar refuses, named, with the quoted form that reads its value back
     (a path into a sweep job's folder, ``0_attention=dot,seed=1``, holds ``=`` and ``,``)."""
@@ -344,7 +354,7 @@ def preflight(cmd: Command, overrides: Sequence[str]) -> Any:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=cmd.name):
             cfg = compose(cmd.config_name, overrides=fixed)
     except Exception as e:  # noqa: BLE001  (composition/type errors name the override; one line)
-        raise Stop([_one_line(e)]) from None
+        raise Stop([wrong_type(cmd, e) or _one_line(e)]) from None
     if missing := sorted(OmegaConf.missing_keys(cfg)):
         docs, see = field_help(cmd.schema), f"see python -m {cmd.module} --help"
         raise Stop([f"{k}=... is required: {docs.get(k, 'it has no default')}; {see}" for k in missing])

@@ -825,6 +825,35 @@ def schema_keys(schema: type, prefix: str = "") -> list[str]:
     return keys
 
 
+def expected_value(schema: type, key: str) -> str | None:
+    """What a value of ``key`` must look like on a command line, from the schema's type and default:
+    ``a list in brackets, e.g. trainer.betas=[0.9,0.999]``, ``true or false``, ``a whole number`` ..."""
+    import types
+    import typing
+
+    cls, (*sections, name) = schema, key.split(".")
+    try:
+        for section in sections:
+            cls = {f.name: f for f in dataclasses.fields(cls)}[section].default_factory
+        hint = typing.get_type_hints(cls)[name]
+        default = next(f for f in dataclasses.fields(cls) if f.name == name)
+    except (KeyError, TypeError, StopIteration):
+        return None
+    value = default.default_factory() if default.default_factory is not dataclasses.MISSING else default.default
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else ()
+    nullable = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    origin = typing.get_origin(base) or base
+    if origin in (list, tuple):
+        shown = "[" + ",".join(str(x) for x in value) + "]" if value else "[...]"
+        kind = f"a list in brackets, e.g. {key}={shown}"
+    else:
+        kind = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}.get(origin)
+    if kind is None:
+        return None
+    return kind + (" (or null: unset)" if nullable else "")
+
+
 def did_you_mean(word: str, candidates: list[str]) -> str | None:
     """The closest candidate (a full dotted key when ``word`` is only its last part), or None."""
     by_leaf = [c for c in candidates if c.rpartition(".")[2] == word]

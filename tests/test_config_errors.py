@@ -302,3 +302,26 @@ def test_an_override_hydra_cannot_read_is_named_with_its_quoted_form():
         f"checkpoint={path}: Hydra cannot read this override (mismatched input '=' expecting <EOF>); quote the value "
         f"for Hydra (in the shell: \"checkpoint='{path}'\")"
     ]
+
+
+LIST = "a list in brackets, e.g."
+
+
+@pytest.mark.parametrize(
+    "command,override,expect",
+    [
+        ("train", "trainer.lr=fast", "trainer.lr=fast: expected a number"),
+        ("train", "trainer.tensorboard=maybe", "trainer.tensorboard=maybe: expected true or false"),
+        ("train", "encoder.hidden_size=256.5", "encoder.hidden_size=256.5: expected a whole number"),
+        ("train", "trainer.betas=0.9", f"trainer.betas=0.9: expected {LIST} trainer.betas=[0.9,0.999]"),
+        ("train", "data.columns=1", f"data.columns=1: expected {LIST} data.columns=[...] (or null: unset)"),
+        ("translate", "beam_size=wide", "beam_size=wide: expected a whole number (or null: unset)"),
+    ],
+)
+def test_a_value_of_the_wrong_type_says_what_the_key_takes(command, override, expect):
+    """Hydra's "Error merging override ...: int is not a ListConfig, list or tuple" becomes what to write."""
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS[command], ["checkpoint=x.pt", override] if command == "translate" else [override])
+    assert e.value.lines == [expect]
