@@ -332,7 +332,21 @@ def check_overrides(cmd: Command, overrides: Sequence[Any]) -> list[str]:
             problems.append(f"{key} is a section, not a key: set its keys one by one ({', '.join(some)}, ...)")
         elif o.is_sweep_override() and allowed(key):
             problems += [p for p in map(functools.partial(bad_choice, key), values) if p]
+        elif o.is_sweep_override():  # each job would stop on its own with Hydra's multi-line error
+            problems += [p for p in (wrong_sweep_value(cmd, key, v) for v in o.sweep_iterator()) if p]
     return problems
+
+
+def wrong_sweep_value(cmd: Command, key: str, value: Any) -> str | None:
+    """A swept value the key's type refuses (``trainer.lr=fast,0.1``), said as ``wrong_type`` says it."""
+    from omegaconf.errors import ValidationError
+
+    try:
+        OmegaConf.update(OmegaConf.structured(cmd.schema), key, value, merge=True)
+    except ValidationError:
+        kind = expected_value(cmd.schema, key)
+        return f"{key}={value}: expected {kind}" if kind else f"{key}={value}: not a value this key takes"
+    return None
 
 
 def preflight(cmd: Command, overrides: Sequence[str]) -> Any:

@@ -113,10 +113,16 @@ def test_a_negative_worker_count_is_refused_before_the_checkpoint_is_read(tmp_pa
 
 
 def test_sweep_values_are_checked_before_any_job(tmp_path):
-    proc = run_in(tmp_path, "nmt.train", ["-m", "trainer.amp=bf16,fp8", "attention=dot,nope"])
+    argv = ["-m", "trainer.amp=bf16,fp8", "attention=dot,nope", "trainer.lr=fast,0.1", "trainer.betas=0.9,0.98"]
+    proc = run_in(tmp_path, "nmt.train", [*argv, "trainer.max_steps=range(1,3)", "data.columns=[1,0],null"])
     assert proc.returncode == 2
     lines = error_lines(proc)
     assert any("trainer.amp='fp8'" in x for x in lines) and any("attention/nope" in x for x in lines), lines
+    # values of the wrong type, as a single run says them (Hydra printed its multi-line error in each job)
+    assert any(x.endswith("] - trainer.lr=fast: expected a number") for x in lines), lines
+    betas = [x for x in lines if "trainer.betas=" in x]
+    assert len(betas) == 2 and all("expected a list in brackets" in x for x in betas), lines
+    assert len(lines) == 5 and not any("max_steps" in x or "columns" in x for x in lines), lines
     assert not (tmp_path / "multirun").exists()
 
 
