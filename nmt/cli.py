@@ -449,6 +449,9 @@ def launch(
     if args.help:
         print(help_text(cmd))
         sys.exit(0)
+    if args.multirun and (args.cfg or args.info):  # Hydra answered this with a traceback
+        flag = "--cfg" if args.cfg else "--info"
+        _fail(cmd, [f"-m and {flag} together: {flag} shows one run's config; drop -m and give one value per key"])
     # Hydra's own modes, and other config sources than ours, pass through unchecked.
     passthrough = (args.hydra_help, args.cfg, args.info, args.shell_completion, args.config_path, args.config_name)
     if not any(passthrough) and not args.config_dir and not args.experimental_rerun:

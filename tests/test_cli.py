@@ -126,6 +126,14 @@ def test_sweep_values_are_checked_before_any_job(tmp_path):
     assert not (tmp_path / "multirun").exists()
 
 
+def test_a_sweep_asked_for_its_config_is_one_line(tmp_path):
+    proc = run_in(tmp_path, "nmt.train", ["-m", "attention=dot,general", "--cfg", "job"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert error_lines(proc)[0].endswith(
+        "-m and --cfg together: --cfg shows one run's config; drop -m and give one value per key"
+    )
+
+
 @pytest.mark.parametrize(
     "module,purpose,own_key",
     [
