@@ -38,6 +38,7 @@ from pathlib import Path
 import sacrebleu
 import yaml
 
+from nmt.config import override
 from nmt.machine import usable_cpus
 
 HERE = Path(__file__).resolve().parent
@@ -118,7 +119,8 @@ def nmt_job(
     system = f"nmt {quantize}" if quantize != "none" else (F32 if amp == "none" else NMT)
     system = SHORT if shortlist else ONE if workers == 1 else system
     hyp = out / f"{system.replace(' ', '_')}.b{beam}.txt"
-    cmd = [sys.executable, "-m", "nmt.translate", f"checkpoint={checkpoint}", f"input={src}", f"output={hyp}"]
+    files = [override("checkpoint", checkpoint), override("input", src), override("output", hyp)]  # a sweep job's = ,
+    cmd = [sys.executable, "-m", "nmt.translate", *files]
     cmd += [f"beam_size={beam}", f"stop={stop}", f"device={device}"]
     cmd += [f"quantize={quantize}"] if quantize != "none" else []
     cmd += [f"amp={amp}"] if amp != "auto" else []
