@@ -126,6 +126,32 @@ def test_sweep_values_are_checked_before_any_job(tmp_path):
     assert not (tmp_path / "multirun").exists()
 
 
+def test_a_sweep_is_checked_job_by_job_and_a_problem_of_some_jobs_names_them():
+    """A rule between keys is checked with each job's swept values in place: sweeping the key a fixed choice
+    needs is fine (it was refused: the check saw decay_every at its default 0), and a fixed key that only
+    some jobs can take names those jobs."""
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    train = COMMANDS["train"]
+    preflight(train, ["trainer.scheduler=step", "trainer.decay_every=100,200"])
+    with pytest.raises(Stop) as e:
+        preflight(train, ["trainer.optimizer=adam,sgd,adagrad", "trainer.momentum=0.9", "attention=dot,general"])
+    assert e.value.lines == [
+        "in the sweep's jobs trainer.optimizer=adam attention=dot; trainer.optimizer=adam attention=general: "
+        "trainer.momentum=0.9 is for trainer.optimizer=sgd (this run: adam)",
+        "in the sweep's jobs trainer.optimizer=adagrad attention=dot; trainer.optimizer=adagrad attention=general: "
+        "trainer.momentum=0.9 is for trainer.optimizer=sgd (this run: adagrad)",
+    ]
+    with pytest.raises(Stop) as e:  # a problem of every job: said once, as a single run says it
+        preflight(train, ["trainer.patience=-1", "attention=dot,general"])
+    assert e.value.lines == ["trainer.patience=-1: expected an integer >= 0 (0 = never stop early)"]
+    with pytest.raises(Stop) as e:  # without -m, several values are a mistake, said before Hydra's 5 lines
+        preflight(train, ["attention=dot,general"], multirun=False)
+    assert e.value.lines == [
+        "attention=dot,general: several values sweep, which needs -m; a list is written [a,b], a text with commas 'a,b'"
+    ]
+
+
 def test_a_sweep_asked_for_its_config_is_one_line(tmp_path):
     proc = run_in(tmp_path, "nmt.train", ["-m", "attention=dot,general", "--cfg", "job"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
