@@ -15,8 +15,8 @@ and ``--hydra-help`` work as before. A single run of a command that makes no run
 evaluate, average, serve; ``runs_in_place``) runs its task on the checked config instead, with the same
 console logging, sparing Hydra's second composition and run set-up. A sweep's swept values are checked
 against the choice table and the key's type here, its first ``SWEEP_JOBS_CHECKED`` jobs composed and
-validated (a problem of some jobs names them), and every job is validated again as it starts. An ``NmtError`` raised inside a command ends it the same way: one line, exit 2, no
-traceback.
+validated (a problem of some jobs names them), and every job is validated again as it starts. An
+``NmtError`` raised inside a command ends it the same way: one line, exit 2, no traceback.
 """
 
 from __future__ import annotations
