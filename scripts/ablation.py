@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from nmt.calibrate import cpu_name
+from nmt.config import override
 
 # name, overrides, what the row tests
 ROWS: list[tuple[str, list[str], str]] = [
@@ -72,8 +73,8 @@ def evaluate(checkpoint: Path, valid: Path, beam: int, folder: Path, tag: str) -
         return None
     out = folder / f"valid_beam{beam}_{tag}.json"
     cmd = [
-        sys.executable, "-m", "nmt.evaluate", f"checkpoint={checkpoint}", f"input={valid}",
-        f"beam_size={beam}", "length_penalty=1.0", "stop=exact", f"json={out}",
+        sys.executable, "-m", "nmt.evaluate", override("checkpoint", checkpoint), override("input", valid),
+        f"beam_size={beam}", "length_penalty=1.0", "stop=exact", override("json", out),
     ]  # fmt: skip
     subprocess.run(cmd, check=True)
     return json.loads(out.read_text())
@@ -121,7 +122,7 @@ def main() -> None:
         cmd = [
             sys.executable, "-m", "nmt.train", f"experiment={args.preset}",
             f"trainer.max_minutes={args.minutes:g}", *COMMON, *overrides, *args.extra,
-            f"hydra.run.dir={folder}",
+            override("hydra.run.dir", folder),
         ]  # fmt: skip
         print(f"[ablation] {name}: {' '.join(cmd[2:])}", flush=True)
         t0 = time.time()
