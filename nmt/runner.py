@@ -31,6 +31,7 @@ from nmt.models.rnn import KEPT_ON_RESUME, pin_kernel_choices
 from nmt.rundir import RunDir
 from nmt.runtime import resolve_device
 from nmt.schedules import BudgetDecay
+from nmt.sweep import resume_sweep_command
 from nmt.trainer import GAINS, FitResult, Trainer
 from nmt.training import build_finisher, build_trainer, config_changes, load_init
 
@@ -274,11 +275,15 @@ def finish(
     p = trainer.progress
     if result.signum is not None:
         if result.saved is not None:
+            sweep = resume_sweep_command(rundir.root.parent)  # a job of a -m sweep: the sweep's folder above it
+            whole = "or continue the whole sweep (each job from its own folder; jobs not started yet start)"
             log.warning(
-                "interrupted at step %d: saved %s; continue with trainer.resume=true in the same run directory:\n  %s",
+                "interrupted at step %d: saved %s; continue with trainer.resume=true in the same run directory:"
+                "\n  %s%s",
                 p.step,
                 result.saved,
                 resume_command(overrides, rundir.root),
+                f"\n  {whole}:\n  {sweep}" if sweep else "",
             )
         raise SystemExit(128 + result.signum)
     if result.fault:

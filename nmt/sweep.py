@@ -198,6 +198,22 @@ def mean_spread(values: list[float]) -> tuple[float, float]:
     return sum(values) / len(values), (max(values) - min(values)) / 2
 
 
+def resume_sweep_command(sweep: Path) -> str | None:
+    """The command that continues the sweep in ``sweep`` (its ``multirun.yaml`` holds the sweep's overrides):
+    each job resumes from its own folder, found by the same name (configs/config.yaml leaves trainer.resume out
+    of job names); a job with no checkpoint yet starts, a finished one stops at once and is finished again.
+    None when ``sweep`` holds no multirun.yaml (a single run)."""
+    from nmt.config import override, shell_quote
+
+    saved = sweep / "multirun.yaml"
+    if not saved.is_file():
+        return None
+    task = OmegaConf.select(OmegaConf.load(saved), "hydra.overrides.task", default=None) or []
+    keep = [str(o) for o in task if str(o).split("=", 1)[0].lstrip("+~") != "trainer.resume"]
+    args = [*keep, override("hydra.sweep.dir", sweep), "trainer.resume=true"]
+    return " ".join(["python -m nmt.train -m", *map(shell_quote, args)])
+
+
 class SweepSummary(Callback):
     """``nmt.train -m``'s last lines (registered in configs/config.yaml as a Hydra callback): every job of
     the sweep folder with its best validation, best first, the folders without one, and the command that

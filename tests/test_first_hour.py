@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from helpers import REPO, TINY, env, popen_module, refused_before_torch, run_module, tiny_sweep
@@ -217,6 +219,17 @@ def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_d
     assert tail[0] == f"sweep {sweep}: 2 job(s) with a validation, best valid BLEU first (greedy, as validated):"
     assert sorted(re.fullmatch(r" +[\d.]+ +step +20 +(\S+)", x).group(1) for x in tail[1:3]) == [j.name for j in jobs]
     assert tail[3] == f"tables, curves and attention statistics: python -m nmt.report {sweep}"
+    # The sweep again with trainer.resume=true (as an interrupted job prints it): each job continues in its own
+    # folder, found by the same name, and a job that never started (its folder gone) starts.
+    shutil.rmtree(jobs[1])
+    again = []
+    resumed = tiny_sweep(
+        sweep, ["attention=dot,general", "trainer.resume=true"], sample_dir, tmp_path / "cache", output=again
+    )
+    assert resumed == jobs, resumed
+    assert f"resuming from {jobs[0]}/checkpoints/last.pt: step 20," in again[0].stderr, again[0].stderr[-3000:]
+    assert f"trainer.resume=true, but {jobs[1]} has no checkpoint yet: starting this run at step 0" in again[0].stderr
+    assert (jobs[1] / "checkpoints" / "best.pt").is_file()
     (sweep / "broken" / ".hydra").mkdir(parents=True)
     (sweep / "broken" / ".hydra" / "config.yaml").write_text("{}")
     proc = run_module("nmt.report", [str(sweep)], tmp_path / "cache")
@@ -235,6 +248,31 @@ def test_translate_refuses_a_missing_output_folder_and_reports_binary_lines(trai
     proc = run_module("nmt.translate", [f"checkpoint={best}", f"input={src}", f"output={tmp_path}/out.txt"], cache)
     assert "2 line(s) hold NUL bytes or bytes that are not UTF-8" in proc.stderr and "lines 2, 4" in proc.stderr
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 4
+
+
+def test_an_interrupted_sweep_job_names_the_command_that_continues_the_whole_sweep(tmp_path):
+    """The command re-runs the sweep with trainer.resume=true, which job names leave out, so each job finds its
+    own folder (the end-to-end sweep test cannot show this: its long tiny-model names are cut before it)."""
+    from hydra import compose, initialize_config_dir
+
+    from nmt.config import register_configs
+    from nmt.sweep import resume_sweep_command
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        for extra in ([], ["trainer.resume=true", "trainer.allow_changes=[trainer.lr]"]):
+            cfg = compose("config", overrides=["attention=dot", "trainer.lr=0.01", *extra], return_hydra_config=True)
+            assert cfg.hydra.job.override_dirname == "attention=dot,trainer.lr=0.01"
+
+    sweep = tmp_path / "multirun" / "a,b"  # a folder Hydra must read quoted
+    sweep.mkdir(parents=True)
+    assert resume_sweep_command(sweep) is None  # a single run's folder has no multirun.yaml above it
+    task = ["experiment=smoke", "attention=dot,general", "trainer.resume=true"]  # a sweep resumed once already
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": {"task": task}}}))
+    assert resume_sweep_command(sweep) == (
+        "python -m nmt.train -m experiment=smoke attention=dot,general "
+        f"\"hydra.sweep.dir='{sweep}'\" trainer.resume=true"
+    )
 
 
 def test_the_resume_hint_replaces_the_limit_it_asks_to_raise():
