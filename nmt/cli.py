@@ -257,8 +257,13 @@ def wrong_type(cmd: Command, e: BaseException) -> str | None:
     """Hydra's "Error merging override data.columns=1: Invalid value assigned: int is not a ListConfig ..." as
     ``data.columns=1: expected a list in brackets, e.g. ...`` (the schema says what the key takes)."""
     m = re.fullmatch(r"Error merging override ([\w.]+)=(.*)", (str(e).strip().splitlines() or [""])[0])
-    kind = m and expected_value(cmd.schema, m.group(1))
-    return f"{m.group(1)}={m.group(2)}: expected {kind}" if m and kind else None
+    return m and _expected(cmd, m.group(1), m.group(2))
+
+
+def _expected(cmd: Command, key: str, value: Any) -> str | None:
+    """``key=value: expected <what the schema's type takes>``, or None for a type with no wording."""
+    kind = expected_value(cmd.schema, key)
+    return f"{key}={value}: expected {kind}" if kind else None
 
 
 def unreadable(parser: Any, overrides: Sequence[str]) -> str | None:
@@ -345,8 +350,7 @@ def wrong_sweep_value(cmd: Command, key: str, value: Any) -> str | None:
     try:
         OmegaConf.update(OmegaConf.structured(cmd.schema), key, value, merge=True)
     except ValidationError:
-        kind = expected_value(cmd.schema, key)
-        return f"{key}={value}: expected {kind}" if kind else f"{key}={value}: not a value this key takes"
+        return _expected(cmd, key, value) or f"{key}={value}: not a value this key takes"
     return None
 
 

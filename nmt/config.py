@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import importlib.util
 import inspect
+import math
 import re
 import shlex
 import sys
@@ -430,6 +431,15 @@ BUILTIN_ATTENTIONS = (
 )  # fmt: skip
 # Those that score every position at once and are not local themselves: what local_m / local_p score with.
 BUILTIN_SCORES = ("bahdanau", "concat", "dot", "general", "location", "multihead", "scaled_dot")
+
+
+def selection_gain(metric: str, record: dict) -> float:
+    """A validation record's ``trainer.select_by`` metric with higher = better (``loss`` negated; a record
+    without it ranks last): the one rule nmt.trainer.EarlyStopping keeps best.pt by and nmt.sweep ranks jobs by."""
+    value = record.get(metric)
+    if value is None:
+        return -math.inf
+    return -value if metric == "loss" else value
 
 
 def allowed(key: str) -> tuple[str, ...]:

@@ -26,13 +26,14 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.attention_stats import attention_stats
+from nmt.config import selection_gain
 from nmt.data import build_specs
 from nmt.data.corpus import load_pairs
 from nmt.errors import NmtError
 from nmt.plots import curves, grid
 from nmt.runtime import load_model
 from nmt.search import SearchOptions
-from nmt.sweep import Job, Variant, collect, gain, group, mean_spread, ranking
+from nmt.sweep import Job, Variant, collect, group, mean_spread, ranking
 from nmt.translator import Translation, Translator
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "attention"
@@ -89,7 +90,7 @@ def fmt(values: list[float], digits: int) -> str:
 
 def best_first(variants: list[Variant], by: str) -> list[Variant]:
     """Variants by the mean over their seeds of ``by`` (a trainer.select_by metric) at best.pt, best first."""
-    return sorted(variants, key=lambda v: -mean_spread([gain(by, j.best) for j in v.jobs])[0])
+    return sorted(variants, key=lambda v: -mean_spread([selection_gain(by, j.best) for j in v.jobs])[0])
 
 
 # The ranking metrics that have no column of their own: shown after chrF when the jobs were selected by them.

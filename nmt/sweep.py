@@ -24,6 +24,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from nmt.config import selection_gain
 from nmt.rundir import RunDir
 
 # Keys that never make two jobs different variants: the seed (what a variant is averaged over) and
@@ -62,7 +63,7 @@ class Job:
     def best(self) -> dict:
         """The validation ``best.pt`` was saved at: the first with the highest ``trainer.select_by`` value
         (the lowest for ``loss``), as nmt.trainer.EarlyStopping keeps it."""
-        return max(self.validations, key=lambda r: gain(self.metric, r))
+        return max(self.validations, key=lambda r: selection_gain(self.metric, r))
 
     @property
     def checkpoint(self) -> Path:
@@ -83,14 +84,6 @@ class Variant:
 
 # trainer.select_by → its name in summaries (nmt.trainer.METRICS spells them out; that module needs torch).
 METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "acc": "accuracy", "loss": "loss"}
-
-
-def gain(metric: str, validation: dict) -> float:
-    """A validation's ``metric`` with higher = better (``loss`` negated); a record without it ranks last."""
-    value = validation.get(metric)
-    if value is None:
-        return -math.inf
-    return -value if metric == "loss" else value
 
 
 def ranking(jobs: Iterable[Job]) -> str:
@@ -229,7 +222,7 @@ class SweepSummary(Callback):
         else:
             head = f"best valid {METRIC_NAMES[by]} first (trainer.select_by={by}; BLEU greedy, as validated)"
         lines = [f"sweep {sweep}: {len(jobs)} job(s) with a validation, {head}:"]
-        for j in sorted(jobs, key=lambda j: -gain(by, j.best)):
+        for j in sorted(jobs, key=lambda j: -selection_gain(by, j.best)):
             b = j.best
             digits = 4 if by == "loss" else 2
             score = "" if by == "bleu" else f"{METRIC_NAMES[by]} {b.get(by, math.nan):.{digits}f}  BLEU "

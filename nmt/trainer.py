@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from nmt import allocator, checkpoint
+from nmt.config import selection_gain
 from nmt.data.batching import Batch, eval_batches, shard_starts
 from nmt.data.tokenizer import PAD
 from nmt.distributed import Dist
@@ -241,14 +242,14 @@ class EarlyStopping:
 
     def gain(self, v: dict) -> float:
         """The validation's score with higher = better (the plateau scheduler's input)."""
-        return -v["loss"] if self.metric == "loss" else v[self.metric]
+        return selection_gain(self.metric, v)
 
     def update(self, p: Progress, v: dict) -> bool:
         """Record a validation (its metrics.jsonl record); True when it is the best so far."""
         best = p.best_score
         if best is None and p.best_bleu >= 0 and self.metric == "bleu":  # a checkpoint from before select_by
             best = p.best_bleu
-        better = best is None or (v["loss"] < best if self.metric == "loss" else v[self.metric] > best)
+        better = best is None or self.gain(v) > selection_gain(self.metric, {self.metric: best})
         if better:
             p.best_score, p.best_bleu, p.best_step, p.bad_validations = v[self.metric], v["bleu"], p.step, 0
             return True
