@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -66,19 +72,97 @@ def run_module(
     check: bool = True,
     cwd: Path = REPO,
 ) -> subprocess.CompletedProcess:
-    """``python -m module args`` as a user runs it (from ``cwd``, the repository by default)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        env={**env(cache), "PYTHONPATH": str(REPO)},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``python -m module args`` as a user runs it (from ``cwd``, the repository by default): a new process,
+    forked from the tests' warm interpreter (tests/forkserver.py) unless ``NMT_TEST_FORKSERVER=0``."""
+    cmd = [sys.executable, "-m", module, *args]
+    environ = {**env(cache), "PYTHONPATH": str(REPO)}
+    server = _forkserver(environ)
+    if server is None:
+        proc = subprocess.run(cmd, cwd=cwd, env=environ, input=stdin, capture_output=True, text=True, timeout=timeout)
+    else:
+        proc = server.run(cmd, module, args, cwd, environ, stdin, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{module} {' '.join(args)} exited {proc.returncode}\n{proc.stderr[-3000:]}")
     return proc
+
+
+# Read by nmt at run time, or not at import time by the libraries the fork server imports: a request may differ
+# in these (TORCHINDUCTOR_CACHE_DIR: set in the test process by an in-process torch.compile, read when compiling).
+_RUNTIME_ENV = ("NMT_", "PYTEST_", "WANDB_", "PWD", "OLDPWD", "TORCHINDUCTOR_CACHE_DIR")
+
+
+class _ForkServer:
+    """The client of tests/forkserver.py: one server per test process, started at its first request."""
+
+    def __init__(self, environ: dict):
+        self.dir = Path(tempfile.mkdtemp(prefix="nmt-forkserver-"))
+        self.path = str(self.dir / "socket")
+        self.env = {k: v for k, v in environ.items() if not k.startswith(_RUNTIME_ENV)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "forkserver.py"), self.path],
+            cwd=self.dir,
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"tests/forkserver.py did not start (exit {self.proc.wait()})")
+        atexit.register(self.close)
+
+    def serves(self, environ: dict) -> bool:
+        """Whether a process with this environment may be forked from the server (else a real one is started)."""
+        return (
+            self.proc.poll() is None
+            and {k: v for k, v in environ.items() if not k.startswith(_RUNTIME_ENV)} == self.env
+        )
+
+    def run(self, cmd, module, args, cwd, environ, stdin, timeout) -> subprocess.CompletedProcess:
+        request = {"module": module, "args": list(args), "cwd": str(cwd), "env": environ}
+        with (
+            tempfile.TemporaryFile("w+b") as inp,
+            tempfile.TemporaryFile("w+b") as out,
+            tempfile.TemporaryFile("w+b") as err,
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn,
+        ):
+            if stdin is not None:
+                inp.write(stdin.encode())
+                inp.seek(0)
+            conn.connect(self.path)
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [inp.fileno(), out.fileno(), err.fileno()])
+            replies = conn.makefile("r")
+            pid = json.loads(replies.readline())["pid"]
+            conn.settimeout(timeout)
+            try:
+                line = replies.readline()
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(cmd, timeout) from None
+            code = json.loads(line)["returncode"]
+            out.seek(0)
+            err.seek(0)
+            # decoded as subprocess.run(text=True) does: UTF-8, universal newlines
+            text = [f.read().decode().replace("\r\n", "\n").replace("\r", "\n") for f in (out, err)]
+        return subprocess.CompletedProcess(cmd, code, *text)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_SERVER: _ForkServer | None = None
+
+
+def _forkserver(environ: dict) -> _ForkServer | None:
+    """The warm interpreter for ``run_module``, or None: turned off, or a request it cannot serve faithfully."""
+    global _SERVER
+    if os.environ.get("NMT_TEST_FORKSERVER", "1") == "0":
+        return None
+    if _SERVER is None:
+        _SERVER = _ForkServer(environ)
+    return _SERVER if _SERVER.serves(environ) else None
 
 
 def tiny_sweep(
