@@ -95,6 +95,8 @@ def best_first(variants: list[Variant], by: str) -> list[Variant]:
 
 # The ranking metrics that have no column of their own: shown after chrF when the jobs were selected by them.
 EXTRA = {"loss": ("valid loss", 4), "acc": ("acc %", 2)}
+# The curves plot the metric the rows are ranked by (report_curves.png's y axis and caption).
+CURVE_LABELS = {"bleu": "BLEU", "chrf": "chrF", "loss": "loss (lower is better)", "acc": "token accuracy %"}
 
 
 def row(v: Variant, numbers: dict[str, dict], show_label: bool, by: str = "bleu") -> str:
@@ -179,8 +181,8 @@ def write_report(
     variants = best_first(group(jobs), by)
     bleu = {k: x["bleu"] for k, x in numbers.items()}
     heat = heatmap_grid(variants, examples, bleu, sweep / "report_heatmaps.png", len(texts))
-    series = [(title(v), *j.curve()) for v in variants for j in v.jobs]
-    curve = curves(series, sweep / "report_curves.png", "training minutes", "valid BLEU")
+    series = [(title(v), *j.curve(by)) for v in variants for j in v.jobs]  # the metric the rows are ranked by
+    curve = curves(series, sweep / "report_curves.png", "training minutes", f"valid {CURVE_LABELS[by]}")
     md = sweep / "report.md"
     lines = markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, curve, by)
     md.write_text("\n".join(lines), "utf-8")
@@ -230,7 +232,7 @@ def markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, cu
         "",
         f"![the example sentence(s) under every variant: rows = attention, columns = order]({heat.name})",
         "",
-        f"![valid BLEU against training minutes, every job]({curve.name})",
+        f"![valid {CURVE_LABELS[by]} against training minutes, every job]({curve.name})",
         "",
     ]
     if skipped:

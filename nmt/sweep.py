@@ -69,9 +69,11 @@ class Job:
     def checkpoint(self) -> Path:
         return RunDir(self.folder).best
 
-    def curve(self) -> tuple[list[float], list[float]]:
-        """(training minutes, valid BLEU) of every validation."""
-        return [r["elapsed_s"] / 60 for r in self.validations], [r["bleu"] for r in self.validations]
+    def curve(self, metric: str = "bleu") -> tuple[list[float], list[float]]:
+        """(training minutes, valid ``metric``) of every validation that holds it (a record written before
+        ``acc`` or ``loss`` were logged has none)."""
+        points = [(r["elapsed_s"] / 60, r[metric]) for r in self.validations if r.get(metric) is not None]
+        return [x for x, _ in points], [y for _, y in points]
 
 
 @dataclass

@@ -262,3 +262,25 @@ def test_report_rows_selected_by_loss_show_it_and_are_ordered_by_it(tmp_path):
     md = markdown(sweep, variants, numbers, [], ["x"], 0, Path("h.png"), Path("c.png"), "loss")
     assert "| attention | order | seeds | BLEU | chrF | valid loss | entropy |" in "\n".join(md)
     assert "Rows: best first by `trainer.select_by=loss`, which every job shares." in "\n".join(md)
+
+
+def test_the_report_curves_plot_the_metric_the_rows_are_ranked_by(tmp_path):
+    """Jobs selected by loss: report_curves.png plots valid loss against minutes (and its caption says so), and a
+    validation record without the metric (written before it was logged) is left out of the curve."""
+    from nmt.report import markdown
+    from nmt.sweep import collect, group, ranking
+
+    old = {"step": 5, "bleu": 1.0, "chrf": 2.0, "elapsed_s": 30}  # no loss, no acc
+    records = [old, v(10, 5.0, 3.0) | {"elapsed_s": 60}, v(20, 9.0, 2.0) | {"elapsed_s": 120}]
+    sweep = sweep_of(tmp_path, {"a": ("loss", records)})
+    (job,) = collect(sweep)[0]
+    by = ranking([job])
+    assert by == "loss" and job.curve(by) == ([1.0, 2.0], [3.0, 2.0])
+    assert job.curve() == ([0.5, 1.0, 2.0], [1.0, 5.0, 9.0])  # BLEU by default, every validation
+    numbers = {
+        "a": {"bleu": 9.0, "chrf": 1.0, "loss": 2.0, "tgt_tokens_per_s": 1.0, "params": 1, "seed": 1, "best_step": 20}
+        | {"steps": 20, "minutes": 2.0, "example": "x"}
+        | dict.fromkeys(("entropy", "max_share", "backward", "coverage"), 0.5)
+    }
+    md = markdown(sweep, group([job]), numbers, [], ["x"], 0, Path("h.png"), Path("c.png"), by)
+    assert "![valid loss (lower is better) against training minutes, every job](c.png)" in md
