@@ -37,6 +37,7 @@ from typing import Any
 
 import hydra
 from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from nmt.config import (
     AverageConfig,
@@ -404,14 +405,17 @@ def _check_job(cmd: Command, compose: Callable[..., Any], overrides: list[str]) 
         cfg = compose(cmd.config_name, overrides=overrides)
     except Exception as e:  # noqa: BLE001  (composition/type errors name the override; one line)
         return None, [wrong_type(cmd, e) or _one_line(e)]
+    problems = []
     if missing := sorted(OmegaConf.missing_keys(cfg)):
         docs, see = field_help(cmd.schema), f"see python -m {cmd.module} --help"
-        return cfg, [f"{k}=... is required: {docs.get(k, 'it has no default')}; {see}" for k in missing]
-    try:
+        problems = [f"{k}=... is required: {docs.get(k, 'it has no default')}; {see}" for k in missing]
+    try:  # the other keys' mistakes too, in the same answer (no rule reads the required keys)
         validate(cfg, cmd.name)
     except NmtError as e:
-        return cfg, str(e).splitlines()
-    return cfg, []
+        problems += str(e).splitlines()
+    except MissingMandatoryValue:  # a rule that does read one: it is named above
+        pass
+    return cfg, problems
 
 
 def naming_jobs(found: dict[str, list[tuple[str, ...]]], checked: int) -> list[str]:

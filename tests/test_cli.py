@@ -87,7 +87,7 @@ def test_mistyped_key_suggests_the_right_one(tmp_path, override, hint):
     [
         ("nmt.translate", [], "checkpoint"),
         ("nmt.evaluate", ["checkpoint=x.pt"], "input"),
-        ("nmt.average", [], "output"),
+        ("nmt.average", ["checkpoints=[a.pt,b.pt]"], "output"),
     ],
 )
 def test_missing_mandatory_key_is_one_line(tmp_path, module, args, key):
@@ -96,6 +96,28 @@ def test_missing_mandatory_key_is_one_line(tmp_path, module, args, key):
     (line,) = error_lines(proc)
     assert f"{key}=... is required" in line, line
     assert "Traceback" not in proc.stderr and "MissingMandatoryValue" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "module,args,also",
+    [
+        ("nmt.evaluate", ["beam_size=0"], ["beam_size=0: expected an integer >= 1"]),
+        (
+            "nmt.serve",
+            ["port=99999", "device=tpu"],
+            ["port=99999: expected a TCP port", "device='tpu' is not a device"],
+        ),
+    ],
+)
+def test_a_missing_key_and_other_mistakes_are_answered_together(tmp_path, module, args, also):
+    """Not one round trip per mistake: a required key left out does not hide a bad value given beside it."""
+    proc = run_in(tmp_path, module, args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = error_lines(proc)
+    required = "output" if module == "nmt.average" else "checkpoint"
+    assert any(f"{required}=... is required" in x for x in lines), lines
+    assert all(any(a in x for x in lines) for a in also), lines
+    assert len(lines) == 1 + len(also) + (module == "nmt.evaluate"), lines  # evaluate also needs input=
 
 
 def test_decode_settings_are_checked_before_the_checkpoint_is_read(tmp_path):
