@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -107,6 +108,7 @@ class _ForkServer:
             text=True,
         )
         if self.proc.stdout.readline().strip() != "ready":
+            shutil.rmtree(self.dir, ignore_errors=True)
             raise RuntimeError(f"tests/forkserver.py did not start (exit {self.proc.wait()})")
         atexit.register(self.close)
 
@@ -152,16 +154,23 @@ class _ForkServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-_SERVER: _ForkServer | None = None
+_SERVER: _ForkServer | None | bool = None  # False: it could not start in this process; real processes only
 
 
 def _forkserver(environ: dict) -> _ForkServer | None:
-    """The warm interpreter for ``run_module``, or None: turned off, or a request it cannot serve faithfully."""
+    """The warm interpreter for ``run_module``, or None: turned off, unable to start (a socket path over the
+    system's limit under a long TMPDIR, say: the tests then start real processes, slower), or a request it
+    cannot serve faithfully."""
     global _SERVER
-    if os.environ.get("NMT_TEST_FORKSERVER", "1") == "0":
+    if os.environ.get("NMT_TEST_FORKSERVER", "1") == "0" or _SERVER is False:
         return None
     if _SERVER is None:
-        _SERVER = _ForkServer(environ)
+        try:
+            _SERVER = _ForkServer(environ)
+        except (OSError, RuntimeError) as e:
+            warnings.warn(f"tests/forkserver.py: {e}; every CLI test starts a real process", stacklevel=2)
+            _SERVER = False
+            return None
     return _SERVER if _SERVER.serves(environ) else None
 
 

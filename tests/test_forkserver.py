@@ -92,3 +92,19 @@ def test_a_process_whose_environment_a_library_may_read_at_import_is_started_for
     monkeypatch.setenv("MKL_NUM_THREADS", "1" if os.environ.get("MKL_NUM_THREADS") != "1" else "2")
     proc = run_module("nmt_probe_mod", ["report"], probe_dir / "cache", check=False, cwd=probe_dir)
     assert json.loads(proc.stdout)["torch"] is False  # a new interpreter: nothing imported
+
+
+def test_a_server_that_cannot_start_leaves_real_processes(monkeypatch, probe_dir, tmp_path):
+    """A Unix socket path has a length limit (108 bytes on Linux): under a long TMPDIR the server cannot bind,
+    and the tests go on with real processes instead of failing."""
+    import helpers
+
+    long_tmp = tmp_path / ("x" * 60) / ("y" * 60)
+    long_tmp.mkdir(parents=True)
+    monkeypatch.setattr(helpers, "_SERVER", None)  # this test process's server is put back afterwards
+    monkeypatch.setattr(helpers.tempfile, "tempdir", str(long_tmp))
+    monkeypatch.setenv("NMT_TEST_FORKSERVER", "1")
+    with pytest.warns(UserWarning, match="every CLI test starts a real process"):
+        proc = run_module("nmt_probe_mod", ["report"], probe_dir / "cache", check=False, cwd=probe_dir)
+    assert proc.returncode == 3 and json.loads(proc.stdout)["torch"] is False
+    assert helpers._SERVER is False
