@@ -373,6 +373,15 @@ def shell_quote(arg: str) -> str:
     return f'"{arg}"'
 
 
+def train_command(overrides: Any, last: list[str], multirun: bool = False) -> str:
+    """``python -m nmt.train [-m] OVERRIDES LAST`` as a line to paste into a shell: ``overrides`` (strings or
+    Hydra's saved ones) without those that set a key of ``last`` (``+``/``~`` forms too), then ``last`` (each
+    already in Hydra's grammar, see ``override``); every argument shell-quoted (``shell_quote``)."""
+    keys = {a.split("=", 1)[0] for a in last}
+    keep = [o for o in map(str, overrides) if o.split("=", 1)[0].lstrip("+~") not in keys]
+    return " ".join(["python -m nmt.train" + (" -m" if multirun else ""), *map(shell_quote, [*keep, *last])])
+
+
 def job_dirname(override_dirname: str, *first: str) -> str:
     """A sweep job's folder name from its overrides (``configs/config.yaml``): path separators become
     ``_`` so that ``data.dir=a/b`` never nests a job folder, and very long names are cut. ``first``:

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from nmt.calibrate import cached_kernel_choices
-from nmt.config import override, shell_quote, to_plain
+from nmt.config import override, shell_quote, to_plain, train_command
 from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
 from nmt.data.batching import Batch, BatchStream, worker_context, worker_errors, worker_init
 from nmt.data.corpus import CorpusSpec, load_pairs
@@ -118,11 +118,8 @@ def build_loader(
 def resume_command(overrides: Sequence[str], run_dir: Path, then: str = "") -> str:
     """The exact command that continues a run: its overrides, its run directory, trainer.resume=true,
     and ``then`` (e.g. ``trainer.max_steps=...``, which replaces that key's override)."""
-    drop = {"trainer.resume", "hydra.run.dir", then.split("=", 1)[0]}
-    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in drop]
     extra = [then] if then else []
-    args = [*keep, override("hydra.run.dir", run_dir), "trainer.resume=true", *extra]
-    return " ".join(["python -m nmt.train", *map(shell_quote, args)])
+    return train_command(overrides, [override("hydra.run.dir", run_dir), "trainer.resume=true", *extra])
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:

@@ -198,15 +198,13 @@ def resume_sweep_command(sweep: Path) -> str | None:
     each job resumes from its own folder, found by the same name (configs/config.yaml leaves trainer.resume out
     of job names); a job with no checkpoint yet starts, a finished one stops at once and is finished again.
     None when ``sweep`` holds no multirun.yaml (a single run)."""
-    from nmt.config import override, shell_quote
+    from nmt.config import override, train_command
 
     saved = sweep / "multirun.yaml"
     if not saved.is_file():
         return None
     task = OmegaConf.select(OmegaConf.load(saved), "hydra.overrides.task", default=None) or []
-    keep = [str(o) for o in task if str(o).split("=", 1)[0].lstrip("+~") != "trainer.resume"]
-    args = [*keep, override("hydra.sweep.dir", sweep), "trainer.resume=true"]
-    return " ".join(["python -m nmt.train -m", *map(shell_quote, args)])
+    return train_command(task, [override("hydra.sweep.dir", sweep), "trainer.resume=true"], multirun=True)
 
 
 class SweepSummary(Callback):
