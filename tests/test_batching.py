@@ -40,6 +40,7 @@ def test_collate_layout():
     assert b.tgt_in.tolist() == [[BOS, 8, PAD, PAD], [BOS, 9, 10, 11]]
     assert b.tgt_out.tolist() == [[8, EOS, PAD, PAD], [9, 10, 11, EOS]]
     assert b.n_tgt_tokens == 6
+    assert all(t.dtype == torch.long and t.is_contiguous() for t in (b.src, b.tgt_in, b.tgt_out))
 
 
 def test_budget_lengths_and_no_pair_lost(sample_dir, tok):

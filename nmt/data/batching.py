@@ -52,11 +52,13 @@ class Batch:
 
 
 def pad(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
-    """[B, max len] int64 tensor, PAD-filled."""
-    out = torch.full((len(seqs), max(len(s) for s in seqs)), PAD, dtype=torch.long)
+    """[B, max len] int64 tensor, PAD-filled. Filled as one Python list and made a tensor once: a tensor per
+    row was half of a training batch's time in the DataLoader worker (docs/benchmarks.md)."""
+    width = max(len(s) for s in seqs)
+    flat = [PAD] * (len(seqs) * width)
     for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out
+        flat[i * width : i * width + len(s)] = s
+    return torch.tensor(flat, dtype=torch.long).view(len(seqs), width)
 
 
 def collate(
