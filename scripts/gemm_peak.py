@@ -4,9 +4,14 @@
 
 ``torch.mm`` on 512, 1024 and 2048 squares and on model R's vocabulary projection shape
 (640×512)·(512×8000) (a ~2,000-token batch's rows times the output layer), with torch's default
-intra-op threads, as training runs. Per shape: one untimed call (kernel creation, first-touch of
-the output), then the best of ``--repeats`` timed calls; GFLOP/s = 2·m·n·k / seconds. The peak of a
-dtype is the best over its shapes.
+intra-op threads, as training runs; and, where this PyTorch has them, the same products by oneDNN
+over a weight blocked once into its own layout (``torch.ops.mkldnn``, nmt.models.rnn.packed_linear,
+the CPU fast path's search kernel). The two can differ by 2× or more: PyTorch's CPU build hands a
+float32 ``torch.mm`` to MKL's sgemm, which ran at under half of oneDNN's float32 rate on an AVX-512 AMD
+EPYC (docs/benchmarks.md), so a float32 "peak" from ``torch.mm`` alone would be MKL's, not the
+machine's. Per shape and kernel: one untimed call (kernel creation, first-touch of the output), then
+the best of ``--repeats`` timed calls; GFLOP/s = 2·m·n·k / seconds. The peak of a dtype is the best
+over its shapes and kernels.
 
 Where bf16 has no hardware behind it (no AMX, no AVX512-BF16) torch emulates the products, often
 hundreds of times slower than float32; it is still measured, and reported as emulated. So that an
@@ -26,10 +31,12 @@ from pathlib import Path
 import torch
 
 from nmt.calibrate import cpu_has_native_bf16, cpu_name
+from nmt.models.rnn import _packing_available, packed_linear
 
 # (m, k, n): A [m, k] · B [k, n]; smallest first, so a slow dtype's rate is known before the big ones
 SHAPES = ((512, 512, 512), (1024, 1024, 1024), (640, 512, 8000), (2048, 2048, 2048))
 DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16}
+KERNELS = ("torch.mm", "oneDNN packed")  # see the module docstring
 
 
 @dataclass
@@ -40,6 +47,7 @@ class ShapeRate:
     gflops: float | None  # best timed call; None when skipped
     seconds: float | None  # that call's time
     note: str = ""
+    kernel: str = KERNELS[0]
 
 
 @dataclass
@@ -53,38 +61,77 @@ class Peak:
     bf16_native: bool = False  # AMX or AVX512-BF16 present; False: bf16 products are emulated
     cpu_capability: str = ""  # what torch's kernels dispatch to (AVX2, AVX512, ...)
 
+    def kernel_peaks(self, name: str) -> dict[str, float]:
+        """Dtype ``name``'s best GFLOP/s by each kernel measured, fastest first."""
+        best: dict[str, float] = {}
+        for r in self.shapes.get(name, []):
+            if r.gflops:
+                best[r.kernel] = max(best.get(r.kernel, 0.0), r.gflops)
+        return dict(sorted(best.items(), key=lambda kv: -kv[1]))
+
     def describe(self) -> str:
-        """One line: ``GEMM peak (AMD EPYC, 2 threads): float32 97 GFLOP/s, bf16 1.9 GFLOP/s (emulated)``."""
+        """One line: ``GEMM peak (AMD EPYC, 2 threads, AVX512): float32 480.2 GFLOP/s by oneDNN packed
+        (torch.mm 227.9), bf16 1,010.0 GFLOP/s by torch.mm (oneDNN packed 998.1)``; bf16 without AMX or
+        AVX512-BF16 is said to be emulated."""
         parts = []
         for name, g in self.gflops.items():
-            emulated = name == "bf16" and not self.bf16_native
-            parts.append(f"{name} {g:,.1f} GFLOP/s" + (" (emulated: no AMX/AVX512-BF16)" if emulated else ""))
+            part = f"{name} {g:,.1f} GFLOP/s"
+            by = self.kernel_peaks(name)
+            if len(by) > 1:
+                (first, _), *others = by.items()
+                part += f" by {first} (" + ", ".join(f"{k} {v:,.1f}" for k, v in others) + ")"
+            if name == "bf16" and not self.bf16_native:
+                part += " (emulated: no AMX/AVX512-BF16)"
+            parts.append(part)
         return f"GEMM peak ({self.cpu}, {self.threads} threads, {self.cpu_capability}): " + ", ".join(parts)
 
 
-def time_mm(a: torch.Tensor, b: torch.Tensor, repeats: int, budget_s: float) -> float:
-    """Best seconds of ``torch.mm(a, b)`` after one untimed call: ``repeats`` timed calls, fewer
-    (at least one) once they have taken ``budget_s`` together."""
-    out = torch.mm(a, b)
+def time_product(a: torch.Tensor, b: torch.Tensor, repeats: int, budget_s: float, kernel: str = KERNELS[0]) -> float:
+    """Best seconds of a [m, k] · b [k, n] by ``kernel`` after one untimed call: ``repeats`` timed calls,
+    fewer (at least one) once they have taken ``budget_s`` together. ``oneDNN packed``: b blocked once,
+    untimed, as a search blocks a weight once for all its steps."""
+    if kernel == KERNELS[0]:
+        out = torch.mm(a, b)
+
+        def product() -> None:
+            torch.mm(a, b, out=out)
+
+    else:
+        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), 256)
+
+        def product() -> None:
+            packed_linear(a, packed, None)
+
+        product()
     times: list[float] = []
-    while not times or (len(times) < repeats and sum(times) < budget_s):
-        start = time.perf_counter()
-        torch.mm(a, b, out=out)
-        times.append(time.perf_counter() - start)
+    with torch.no_grad():
+        while not times or (len(times) < repeats and sum(times) < budget_s):
+            start = time.perf_counter()
+            product()
+            times.append(time.perf_counter() - start)
     return min(times)
 
 
-def shape_rate(m: int, k: int, n: int, dtype: torch.dtype, repeats: int, best_so_far: float, max_s: float) -> ShapeRate:
-    """GFLOP/s of one shape, or a skipped entry when ``best_so_far`` GFLOP/s predicts more than ``max_s``
-    seconds per call; timed calls stop early once they have taken ``max_s`` together."""
+def kernels(dtype: torch.dtype) -> tuple[str, ...]:
+    """The kernels measured for ``dtype`` here: ``torch.mm``, and oneDNN's packed product where this PyTorch
+    can block ``dtype`` weights (nmt.models.rnn._packing_available)."""
+    return KERNELS if _packing_available(dtype) else KERNELS[:1]
+
+
+def shape_rate(
+    m: int, k: int, n: int, dtype: torch.dtype, repeats: int, best_so_far: float, max_s: float, kernel: str = KERNELS[0]
+) -> ShapeRate:
+    """GFLOP/s of one shape by ``kernel``, or a skipped entry when ``best_so_far`` GFLOP/s predicts more than
+    ``max_s`` seconds per call; timed calls stop early once they have taken ``max_s`` together."""
     flop = 2 * m * n * k
     if best_so_far > 0 and flop / (best_so_far * 1e9) > max_s:
-        return ShapeRate(m, k, n, None, None, f"skipped: ~{flop / (best_so_far * 1e9):.0f} s per call predicted")
+        note = f"skipped: ~{flop / (best_so_far * 1e9):.0f} s per call predicted"
+        return ShapeRate(m, k, n, None, None, note, kernel)
     g = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dtype)
     b = torch.randn(k, n, generator=g).to(dtype)
-    seconds = time_mm(a, b, repeats, max_s)
-    return ShapeRate(m, k, n, flop / seconds / 1e9, seconds)
+    seconds = time_product(a, b, repeats, max_s, kernel)
+    return ShapeRate(m, k, n, flop / seconds / 1e9, seconds, kernel=kernel)
 
 
 def measure(
@@ -105,9 +152,10 @@ def measure(
         rates: list[ShapeRate] = []
         best = 0.0
         for m, k, n in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
-            r = shape_rate(m, k, n, DTYPES[name], repeats, best, max_seconds)
-            rates.append(r)
-            best = max(best, r.gflops or 0.0)
+            for kernel in kernels(DTYPES[name]):
+                r = shape_rate(m, k, n, DTYPES[name], repeats, best, max_seconds, kernel)
+                rates.append(r)
+                best = max(best, r.gflops or 0.0)
         peak.gflops[name], peak.shapes[name] = best, rates
     return peak
 
@@ -142,12 +190,12 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--dtypes: unknown {', '.join(unknown)}; expected some of {', '.join(DTYPES)}")
     peak = measure(names, repeats=args.repeats, max_seconds=args.max_seconds)
-    print("| dtype | m×k×n | GFLOP/s | seconds per call |\n|---|---|---:|---:|")
+    print("| dtype | m×k×n | kernel | GFLOP/s | seconds per call |\n|---|---|---|---:|---:|")
     for name, rates in peak.shapes.items():
         for r in rates:
             rate = f"{r.gflops:,.1f}" if r.gflops else r.note
             secs = f"{r.seconds:.4f}" if r.seconds else ""
-            print(f"| {name} | {r.m}×{r.k}×{r.n} | {rate} | {secs} |")
+            print(f"| {name} | {r.m}×{r.k}×{r.n} | {r.kernel} | {rate} | {secs} |")
     print(peak.describe())
     if args.json:
         Path(args.json).write_text(json.dumps(asdict(peak), indent=1))

@@ -16,11 +16,12 @@ from nmt.data.batching import collate
 from nmt.data.corpus import CorpusSpec
 from nmt.distributed import Dist
 from nmt.models.build import build_model
+from nmt.models.rnn import _packing_available, packed_linear
 from nmt.search import SearchOptions
 from nmt.trainer import EarlyStopping, Schedule, Trainer
 from nmt.training import build_optimizer, build_precision
 from nmt.translator import Translator
-from scripts.gemm_peak import Peak, ShapeRate, best_of, measure
+from scripts.gemm_peak import DTYPES, KERNELS, Peak, ShapeRate, best_of, kernels, measure
 from scripts.model_flops import decode_flops, train_flops
 
 CPU = torch.device("cpu")
@@ -108,10 +109,31 @@ def test_gemm_peak_is_positive_for_both_dtypes_and_skips_what_would_take_too_lon
     assert "float32" in peak.describe() and peak.cpu in peak.describe()
     # a bigger shape predicted (at the small one's rate) to take longer than max_seconds is not run
     slow = measure(("float32",), shapes=((16, 16, 16), (256, 256, 256)), repeats=1, max_seconds=1e-12)
-    small, big = slow.shapes["float32"]
-    assert small.gflops and small.gflops == slow.gflops["float32"]
-    assert big.gflops is None and big.note.startswith("skipped")
+    # the first product (torch.mm on the small shape) is timed; everything after it, predicted from its rate, is
+    # skipped: oneDNN's packed product where this PyTorch has it, then both kernels on the big shape
+    first, *rest = slow.shapes["float32"]
+    assert first.gflops and first.kernel == KERNELS[0] and first.gflops == slow.gflops["float32"]
+    assert len(rest) == 2 * len(kernels(torch.float32)) - 1
+    assert all(r.gflops is None and r.note.startswith("skipped") for r in rest)
     assert dataclasses.asdict(slow)["shapes"]["float32"][1]["gflops"] is None
+
+
+def test_gemm_peak_is_the_best_kernel_and_the_packed_product_is_the_same_product():
+    """torch.mm's float32 is MKL's sgemm, oneDNN's packed product can be twice as fast (AVX-512 AMD EPYC):
+    the peak is the best of the kernels this PyTorch has, and each is timed on the product asked for."""
+    peak = measure(shapes=((48, 32, 64), (16, 16, 16)), repeats=1)
+    for name, dtype in DTYPES.items():
+        measured = [r.kernel for r in peak.shapes[name]]
+        assert measured == [k for _ in range(2) for k in kernels(dtype)]  # per shape, smallest first
+        assert peak.gflops[name] == max(r.gflops for r in peak.shapes[name])
+        assert max(peak.kernel_peaks(name).values()) == peak.gflops[name]
+    if _packing_available(torch.float32):  # the oneDNN product timed is a · b, not a · bᵀ
+        a, b = torch.randn(48, 32), torch.randn(32, 64)
+        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), 256)
+        torch.testing.assert_close(packed_linear(a, packed, None), a @ b, rtol=1e-4, atol=1e-4)
+    both = Peak({"float32": 480.0}, threads=2, cpu="c", bf16_native=True, cpu_capability="AVX512")
+    both.shapes = {"float32": [ShapeRate(8, 8, 8, 220.0, 1.0), ShapeRate(8, 8, 8, 480.0, 0.5, kernel=KERNELS[1])]}
+    assert "float32 480.0 GFLOP/s by oneDNN packed (torch.mm 220.0)" in both.describe()
 
 
 def test_best_of_two_peak_measurements_keeps_the_higher_rate_per_dtype_and_shape():
