@@ -74,7 +74,7 @@ def main() -> None:
         joint=True,
         sample_size=300000,
         character_coverage=1.0,
-        cache_dir="~/.cache/nmt/sentencepiece",
+        cache_dir=os.path.join(os.environ.get("NMT_CACHE", "~/.cache/nmt"), "sentencepiece"),  # nmt.train's cache
     )
     tok = build_tokenizer(tok_cfg, spec)
     stream = BatchStream(spec, tok.state_dict(), 50, 2000, 20000, 20000, 1)
