@@ -22,11 +22,12 @@ import itertools
 import os
 import statistics
 import time
-from types import SimpleNamespace
 
 import torch
+from omegaconf import OmegaConf
 
 from nmt.calibrate import cpu_name
+from nmt.config import DataConfig, TokenizerConfig
 from nmt.data import build_tokenizer
 from nmt.data.batching import BatchStream, worker_context, worker_init
 from nmt.data.corpus import CorpusSpec
@@ -68,16 +69,10 @@ def main() -> None:
     ap.add_argument("--data", default="data/spa-eng")
     args = ap.parse_args()
     spec = CorpusSpec(f"{args.data}/train.tsv")
-    tok_cfg = SimpleNamespace(
-        model_type="unigram",
-        vocab_size=8000,
-        joint=True,
-        sample_size=300000,
-        character_coverage=1.0,
-        cache_dir=os.path.join(os.environ.get("NMT_CACHE", "~/.cache/nmt"), "sentencepiece"),  # nmt.train's cache
-    )
-    tok = build_tokenizer(tok_cfg, spec)
-    stream = BatchStream(spec, tok.state_dict(), 50, 2000, 20000, 20000, 1)
+    # model R's tokenizer and batches are the schema's defaults (configs/experiment/model_r.yaml), cache included
+    tok = build_tokenizer(OmegaConf.structured(TokenizerConfig), spec)
+    d = DataConfig()
+    stream = BatchStream(spec, tok.state_dict(), d.max_len, d.max_tokens, d.bucket_size, d.shuffle_buffer, seed=1)
     per_batch = []
     for _ in range(args.rounds):
         batches = stream.epoch_batches(tok, 0)
