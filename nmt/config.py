@@ -451,6 +451,12 @@ def selection_gain(metric: str, record: dict) -> float:
     return -value if metric == "loss" else value
 
 
+def metric_digits(metric: str) -> int:
+    """Decimals a ``trainer.select_by`` metric is printed with: 4 for the loss (its gains are small), 2 for BLEU,
+    chrF and token accuracy (percentages): the log, the sweep summary and nmt.report agree."""
+    return 4 if metric == "loss" else 2
+
+
 def allowed(key: str) -> tuple[str, ...]:
     """The values a choice key takes (``()`` for a free key). Attention names: the built-in ones, and any
     other attention registered by code imported so far (nmt.models.attention.register)."""

@@ -26,7 +26,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.attention_stats import attention_stats
-from nmt.config import selection_gain
+from nmt.config import metric_digits, selection_gain
 from nmt.data import build_specs
 from nmt.data.corpus import load_pairs
 from nmt.errors import NmtError
@@ -94,7 +94,7 @@ def best_first(variants: list[Variant], by: str) -> list[Variant]:
 
 
 # The ranking metrics that have no column of their own: shown after chrF when the jobs were selected by them.
-EXTRA = {"loss": ("valid loss", 4), "acc": ("acc %", 2)}
+EXTRA = {"loss": "valid loss", "acc": "acc %"}  # the by-metric's column (the table always has BLEU and chrF)
 # The curves plot the metric the rows are ranked by (report_curves.png's y axis and caption).
 CURVE_LABELS = {"bleu": "BLEU", "chrf": "chrF", "loss": "loss (lower is better)", "acc": "token accuracy %"}
 
@@ -110,7 +110,7 @@ def row(v: Variant, numbers: dict[str, dict], show_label: bool, by: str = "bleu"
     cells = [v.attention, v.order, *([v.label] if show_label else []), str(len(per))]
     cells += [fmt([n["bleu"] for n in per], 2), fmt([n["chrf"] for n in per], 2)]
     if by in EXTRA:
-        cells.append(fmt([n[by] for n in per], EXTRA[by][1]))
+        cells.append(fmt([n[by] for n in per], metric_digits(by)))
     cells += [f"{mean(s):.3f}" for s in STATS]
     cells += [f"{mean('tgt_tokens_per_s'):,.0f}", f"{round(mean('params')):,}"]
     return "| " + " | ".join(cells) + " |"
@@ -194,7 +194,7 @@ def markdown(sweep, variants, numbers, skipped, texts, valid_sentences, heat, cu
     """The lines of report.md; ``by``: the metric the variants are ordered by (best first)."""
     show_label = any(v.label for v in variants)
     head = ["attention", "order", *(["variant"] if show_label else []), "seeds", "BLEU", "chrF"]
-    head += [EXTRA[by][0]] if by in EXTRA else []
+    head += [EXTRA[by]] if by in EXTRA else []
     head += ["entropy", "max-share", "backward", "coverage", "tok/s", "params"]
     n = f"the first {valid_sentences}" if valid_sentences else "all"
     lines = [

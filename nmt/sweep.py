@@ -24,7 +24,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.config import selection_gain
+from nmt.config import metric_digits, selection_gain
 from nmt.rundir import RunDir
 
 # Keys that never make two jobs different variants: the seed (what a variant is averaged over) and
@@ -224,8 +224,7 @@ class SweepSummary(Callback):
         lines = [f"sweep {sweep}: {len(jobs)} job(s) with a validation, {head}:"]
         for j in sorted(jobs, key=lambda j: -selection_gain(by, j.best)):
             b = j.best
-            digits = 4 if by == "loss" else 2
-            score = "" if by == "bleu" else f"{METRIC_NAMES[by]} {b.get(by, math.nan):.{digits}f}  BLEU "
+            score = "" if by == "bleu" else f"{METRIC_NAMES[by]} {b.get(by, math.nan):.{metric_digits(by)}f}  BLEU "
             lines.append(f"  {score}{b['bleu']:6.2f}  step {b['step']:>6}  {j.name}")
         lines += [f"  (no result) {f.name}: {why}" for f, why in skipped]
         lines.append(f"tables, curves and attention statistics: python -m nmt.report {shlex.quote(str(sweep))}")

@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from nmt import allocator, checkpoint
-from nmt.config import selection_gain
+from nmt.config import metric_digits, selection_gain
 from nmt.data.batching import Batch, eval_batches, shard_starts
 from nmt.data.tokenizer import PAD
 from nmt.distributed import Dist
@@ -267,8 +267,7 @@ class EarlyStopping:
             return f"best valid BLEU {p.best_bleu:.2f} at step {p.best_step}"
         name = "validation loss" if self.metric == "loss" else f"valid {METRICS[self.metric]}"  # not "valid validation"
         return (
-            f"best {name} {p.best_score:.{4 if self.metric == 'loss' else 2}f} "
-            f"(BLEU {p.best_bleu:.2f}) at step {p.best_step}"
+            f"best {name} {p.best_score:.{metric_digits(self.metric)}f} (BLEU {p.best_bleu:.2f}) at step {p.best_step}"
         )
 
 
