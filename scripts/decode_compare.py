@@ -48,6 +48,9 @@ NMT, INT8, F32 = "nmt", "nmt int8", "nmt float32"  # the nmt rows (NMT: as a use
 SHORT = "nmt shortlist"  # shortlist=true: each batch over the checkpoint's vocabulary shortlist (nmt.shortlist)
 ONE = "nmt 1 process"  # workers=1: the default search in one process (the default on CPU: one per CPU thread)
 VARIANTS = (INT8, F32, SHORT, ONE)  # nmt rows compared with the NMT row (BLEU change, speed-up)
+# Below this valid BLEU a model of the comparison is too little trained for its words/s to mean anything (session 34:
+# 34 s of training gave nmt 0.74 and OpenNMT-py 0.09, with 12,272 against 4,402 output words); summary() says so.
+UNDERTRAINED_BLEU = 10.0
 
 
 @dataclass
@@ -292,6 +295,14 @@ def summary(rows: list[dict], rounds: int, models: str = "the models trained abo
     if peers:
         alone = ", ".join(f"{r['system']} {r['translate_s']:.1f} s" for r in peers)
         line += f"; peers: spm encode + translate + spm decode, all timed (translate alone: {alone})"
+    weak = [r for r in rows if r["system"] not in VARIANTS and r["bleu"] < UNDERTRAINED_BLEU]
+    if weak:
+        named = ", ".join(f"{r['system']} BLEU {r['bleu']:.2f}" for r in weak)
+        line += (
+            f"\nCAUTION: under-trained model(s) ({named}; below {UNDERTRAINED_BLEU:g}): a model that does not yet "
+            "translate stops at other lengths and in other ways than a trained one, so these words/s do not compare "
+            "decoders; train each for minutes (--rounds x --window-seconds; issue 15's command trains 4 minutes)"
+        )
     return line
 
 

@@ -23,7 +23,10 @@
 #        the precision and tanh choices nmt.train makes there, and model R's step in bf16 against float32
 #   peers: scripts/benchmark.py --device cpu --compare onmt on 2 pinned cores of the machine's CPU (OpenNMT-py from
 #        .peers_dev: bash scripts/build_device_peers.sh, then carry .peers_dev); PEERS_ROUNDS (3),
-#        PEERS_WINDOW (35 s), PEERS_DECODE_ROUNDS (1), PEERS_LIMIT (420 s)
+#        PEERS_WINDOW (35 s), PEERS_DECODE_ROUNDS (1), PEERS_LIMIT (420 s). Each system decodes the model its rounds
+#        trained: with 2 rounds of 30 s (session 34, H200 host) the stage took 5.5 minutes, and both models were
+#        below 1 BLEU, so only the training rates meant anything (benchmark.py prints a CAUTION below 10 BLEU);
+#        a decoding comparison needs minutes of training each (issue 15's command: 4 rounds of 60 s)
 # Logs go flat into $OUT (default /tmp/gpu_check), at most 8 files. TRAIN_MINUTES (default 2) sets
 # each training run's length; the whole script stays within 9 minutes at the default.
 # To try the script without a GPU: NMT_TEST_DEVICE= TRAIN_DEVICE=cpu TRAIN_MINUTES=0.2 \

@@ -67,6 +67,24 @@ def test_relate_gives_nmt_over_peer_and_the_int8_and_float32_changes():
     assert "nmt float32" not in trained and "nmt int8" not in trained and trained.startswith("nmt 1 s")
 
 
+def test_the_summary_cautions_when_a_compared_model_is_under_trained():
+    def described(nmt_bleu, peer_bleu, int8_bleu):
+        rows = [
+            _row("nmt", nmt_bleu, 1000, 10.0),
+            _row("nmt int8", int8_bleu, 1000, 8.0),
+            _row("onmt", peer_bleu, 400, 9.0),
+        ]
+        extra = {"sentences": 3, "trained": {"trained_s": 34, "updates": 38}, "timed": "t", "translate_s": 1.0}
+        return [{**r, **extra} for r in decode_compare.relate(rows)]
+
+    assert "CAUTION" not in decode_compare.summary(described(20.0, 18.0, 19.8), 1)
+    said = decode_compare.summary(described(20.0, 0.09, 19.8), 1)
+    assert "CAUTION" in said.splitlines()[-1] and "(onmt BLEU 0.09;" in said and "(nmt BLEU" not in said
+    # the nmt variants follow the nmt row; only the systems compared are judged
+    said = decode_compare.summary(described(0.74, 0.09, 0.5), 1)
+    assert "(nmt BLEU 0.74, onmt BLEU 0.09;" in said and "nmt int8 BLEU" not in said
+
+
 def test_relate_without_int8_or_without_nmt_leaves_those_comparisons_out():
     (peer,) = decode_compare.relate([_row("joey", 1.0, 10, 1.0)])
     assert "nmt_over_peer" not in peer
