@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from nmt.calibrate import cpu_has_native_bf16, cpu_name
-from nmt.models.rnn import _packing_available, packed_linear
+from nmt.models.rnn import _packing_available, pack_weight, packed_linear
 
 # (m, k, n): A [m, k] · B [k, n]; smallest first, so a slow dtype's rate is known before the big ones
 SHAPES = ((512, 512, 512), (1024, 1024, 1024), (640, 512, 8000), (2048, 2048, 2048))
@@ -97,7 +97,7 @@ def time_product(a: torch.Tensor, b: torch.Tensor, repeats: int, budget_s: float
             torch.mm(a, b, out=out)
 
     else:
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), 256)
+        packed = pack_weight(b.t())
 
         def product() -> None:
             packed_linear(a, packed, None)

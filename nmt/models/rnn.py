@@ -189,6 +189,12 @@ def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
         return None
     if not (packs_float32() if w.dtype == torch.float32 else _packing_available(w.dtype)):
         return None
+    return pack_weight(w)
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """w [O, I] blocked into oneDNN's layout for ``packed_linear``, unconditionally (``packed_weight`` decides
+    whether to): the one call of PyTorch's private ``torch.ops.mkldnn`` reorder op."""
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 256)  # 256: a row-count hint for the layout
 
 
@@ -202,7 +208,7 @@ def _packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
     try:
         w = torch.eye(16, dtype=dtype)
         x = torch.ones(2, 16, dtype=dtype)
-        y = packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(w, 256), None)
+        y = packed_linear(x, pack_weight(w), None)
         return bool(torch.backends.mkldnn.is_available()) and torch.equal(y, x)
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
@@ -218,7 +224,7 @@ def float32_packing_speedup() -> float:
         return 0.0
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(64, 512, generator=g), torch.randn(4096, 512, generator=g)
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, 256)
+    packed = pack_weight(w)
     fns = {"plain": lambda: F.linear(x, w), "packed": lambda: packed_linear(x, packed, None)}
     best = dict.fromkeys(fns, math.inf)
     with torch.no_grad():
