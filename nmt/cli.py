@@ -14,8 +14,9 @@ Only then does it hand over to Hydra's main, so ``hydra.run.dir``, ``-m`` sweeps
 and ``--hydra-help`` work as before. A single run of a command that makes no run directory (translate,
 evaluate, average, serve; ``runs_in_place``) runs its task on the checked config instead, with the same
 console logging, sparing Hydra's second composition and run set-up. A sweep's swept values are checked
-against the choice table and the key's type here, its first ``SWEEP_JOBS_CHECKED`` jobs composed and
-validated (a problem of some jobs names them), and every job is validated again as it starts. An
+against the choice table and the key's type here, its first ``SWEEP_JOBS_CHECKED`` jobs and one job for each
+swept value they lack composed and validated (a problem of some jobs names them), and every job is validated
+again as it starts. An
 ``NmtError`` raised inside a command ends it the same way: one line, exit 2, no traceback.
 """
 
@@ -378,11 +379,11 @@ def preflight(cmd: Command, overrides: Sequence[str], multirun: bool = True) -> 
             ]
         )
     fixed = [o.input_line for o in ours if not o.is_sweep_override()]
-    # A sweep's jobs, as Hydra's basic sweeper makes them (the first SWEEP_JOBS_CHECKED; each job is checked
-    # again as it starts): a rule between keys may hold in every job only with the swept value in place
+    # A sweep's jobs, as Hydra's basic sweeper makes them (sweep_jobs_to_check; each job is checked again as
+    # it starts): a rule between keys may hold in every job only with the swept value in place
     # (-m trainer.scheduler=step trainer.decay_every=100,200), or fail in some jobs alone.
     swept = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in ours if o.is_sweep_override()]
-    jobs = list(itertools.islice(itertools.product(*swept), SWEEP_JOBS_CHECKED))
+    jobs = sweep_jobs_to_check(swept)
     register_configs()
     found: dict[str, list[tuple[str, ...]]] = {}
     cfg = None
@@ -397,6 +398,22 @@ def preflight(cmd: Command, overrides: Sequence[str], multirun: bool = True) -> 
 
 
 SWEEP_JOBS_CHECKED = 32  # about 0.25 s each on a 2-core CPU
+
+
+def sweep_jobs_to_check(swept: list[list[str]], first: int = SWEEP_JOBS_CHECKED) -> list[tuple[str, ...]]:
+    """The sweep's jobs the preflight composes: its first ``first`` jobs in Hydra's order (the last key varies
+    fastest), then, for each swept value no such job holds, one more job with that value in place of the first
+    job's (at most ``first`` more), so a value that breaks a rule alone (``trainer.patience=0,-1`` before a
+    40-value sweep) stops the sweep before its first job, not hours later when its own job starts."""
+    jobs = list(itertools.islice(itertools.product(*swept), first))
+    seen = [{job[i] for job in jobs} for i in range(len(swept))]
+    more = []
+    for i, values in enumerate(swept):
+        for v in values:
+            if v not in seen[i] and len(more) < first:
+                more.append(jobs[0][:i] + (v,) + jobs[0][i + 1 :])
+                seen[i].add(v)  # once, even when the value is listed twice
+    return jobs + more
 
 
 def _check_job(cmd: Command, compose: Callable[..., Any], overrides: list[str]) -> tuple[Any, list[str]]:

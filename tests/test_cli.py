@@ -174,6 +174,24 @@ def test_a_sweep_is_checked_job_by_job_and_a_problem_of_some_jobs_names_them():
     ]
 
 
+def test_a_value_far_down_a_long_sweep_is_checked_before_its_first_job():
+    """Past the first SWEEP_JOBS_CHECKED jobs, each swept value they lack gets one job of its own: patience=-1
+    would start as the sweep's 40th job, hours in, and is refused before the first."""
+    from nmt.cli import COMMANDS, SWEEP_JOBS_CHECKED, Stop, preflight, sweep_jobs_to_check
+
+    swept = [["a=1", "a=2", "a=1"], [f"b={i}" for i in range(SWEEP_JOBS_CHECKED + 3)]]
+    jobs = sweep_jobs_to_check(swept)
+    assert jobs[:SWEEP_JOBS_CHECKED] == [("a=1", f"b={i}") for i in range(SWEEP_JOBS_CHECKED)]
+    assert jobs[SWEEP_JOBS_CHECKED:] == [("a=2", "b=0"), ("a=1", "b=32"), ("a=1", "b=33"), ("a=1", "b=34")]
+    assert len(sweep_jobs_to_check([[f"a={i}" for i in range(100)]], first=4)) == 8  # at most `first` more
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS["train"], ["trainer.patience=0,-1", "trainer.max_steps=range(1,40)"])
+    assert e.value.lines == [
+        "in the sweep's job trainer.patience=-1 trainer.max_steps=1: "
+        "trainer.patience=-1: expected an integer >= 0 (0 = never stop early)"
+    ]
+
+
 def test_a_sweep_asked_for_its_config_is_one_line(tmp_path):
     proc = run_in(tmp_path, "nmt.train", ["-m", "attention=dot,general", "--cfg", "job"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
