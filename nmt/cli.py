@@ -16,8 +16,7 @@ evaluate, average, serve; ``runs_in_place``) runs its task on the checked config
 console logging, sparing Hydra's second composition and run set-up. A sweep's swept values are checked
 against the choice table and the key's type here, its first ``SWEEP_JOBS_CHECKED`` jobs and one job for each
 swept value they lack composed and validated (a problem of some jobs names them), and every job is validated
-again as it starts. An
-``NmtError`` raised inside a command ends it the same way: one line, exit 2, no traceback.
+again as it starts. An ``NmtError`` raised inside a command ends it the same way: one line, exit 2, no traceback.
 """
 
 from __future__ import annotations
@@ -403,8 +402,8 @@ SWEEP_JOBS_CHECKED = 32  # about 0.25 s each on a 2-core CPU
 def sweep_jobs_to_check(swept: list[list[str]], first: int = SWEEP_JOBS_CHECKED) -> list[tuple[str, ...]]:
     """The sweep's jobs the preflight composes: its first ``first`` jobs in Hydra's order (the last key varies
     fastest), then, for each swept value no such job holds, one more job with that value in place of the first
-    job's (at most ``first`` more), so a value that breaks a rule alone (``trainer.patience=0,-1`` before a
-    40-value sweep) stops the sweep before its first job, not hours later when its own job starts."""
+    job's (at most ``first`` more), so a value that breaks a rule alone (``trainer.patience=0,-1`` swept beside
+    a key of 40 values: -1 first comes in the 41st job) stops the sweep before its first job, not hours later."""
     jobs = list(itertools.islice(itertools.product(*swept), first))
     seen = [{job[i] for job in jobs} for i in range(len(swept))]
     more = []
