@@ -2,6 +2,10 @@
 
     python scripts/preset_curves.py runs/cpu_small=cpu_small runs/cpu_best=cpu_best --plot docs/preset_curves.png
 
+docs/preset_runs/ keeps the ``metrics.jsonl`` of the runs behind docs/preset_curves.png, so the plot redraws without
+training: ``python scripts/preset_curves.py docs/preset_runs/cpu_small=cpu_small docs/preset_runs/cpu_best=cpu_best
+--plot docs/preset_curves.png``.
+
 Reads each run directory's ``metrics.jsonl`` (the validation records ``nmt.train`` writes: ``elapsed_s``,
 training time from the first step with validations included, and ``bleu``, greedy on the run's first
 ``data.valid_max_sentences`` valid lines) and draws BLEU against minutes. Prints the points as a table too.
