@@ -358,10 +358,31 @@ def override(key: str, value: Any) -> str:
             return plain
     except Exception:  # noqa: BLE001  (Hydra's grammar refuses it: quote it)
         pass
-    # Inside Hydra's quotes a backslash escapes only a quote or the backslashes before one (or the end).
+    return f"{key}={_quoted(text)}"
+
+
+def _quoted(text: str) -> str:
+    """``text`` inside Hydra's single quotes, where a backslash escapes only a quote or the backslashes before
+    one (or the end)."""
     quoted = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
     quoted = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, quoted)
-    return f"{key}='{quoted}'"
+    return f"'{quoted}'"
+
+
+def value_override(key: str, value: Any) -> str:
+    """``key=value`` that sets ``key`` back to a config value of any type: ``true``/``false``, ``null``,
+    numbers, lists (``[a,'b c']``) and text as Hydra's grammar reads them (``override`` for text)."""
+    if isinstance(value, str):
+        return override(key, value)
+
+    def literal(v: Any) -> str:
+        if isinstance(v, bool) or v is None:
+            return {True: "true", False: "false", None: "null"}[v]
+        if isinstance(v, (list, tuple)):
+            return "[" + ",".join(_quoted(x) if isinstance(x, str) else literal(x) for x in v) + "]"
+        return repr(v)
+
+    return f"{key}={literal(value)}"
 
 
 def shell_quote(arg: str) -> str:

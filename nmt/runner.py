@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from nmt.calibrate import cached_kernel_choices
-from nmt.config import override, shell_quote, to_plain, train_command
+from nmt.config import override, shell_quote, to_plain, train_command, value_override
 from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
 from nmt.data.batching import Batch, BatchStream, worker_context, worker_errors, worker_init
 from nmt.data.corpus import CorpusSpec, load_pairs
@@ -33,7 +33,7 @@ from nmt.runtime import resolve_device
 from nmt.schedules import BudgetDecay
 from nmt.sweep import resume_sweep_command
 from nmt.trainer import GAINS, FitResult, Trainer
-from nmt.training import build_finisher, build_trainer, config_changes, load_init
+from nmt.training import ABSENT, build_finisher, build_trainer, config_changes, load_init
 
 log = logging.getLogger("nmt.train")  # the command's voice: its lines read [nmt.train]
 
@@ -177,9 +177,14 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     if resume_from is not None:
         changed = config_changes(resume_from[1]["config"], plain, list(cfg.trainer.allow_changes))
         if changed:
+            # a key changed by the command line, or by a preset or default edited since the run began: setting
+            # the saved value back continues the run as it was (a key this code no longer has cannot be set)
+            back = [value_override(k, old) for k, old, new in changed if old is not ABSENT and new is not ABSENT]
             raise ConfigError(
-                f"resuming {resume_from[0]} with a different config ({'; '.join(changed)}); "
-                "name intended changes in trainer.allow_changes=[KEY,...] or use a new hydra.run.dir"
+                f"resuming {resume_from[0]} with a different config "
+                f"({'; '.join(f'{k}: {old!r} -> {new!r}' for k, old, new in changed)}); "
+                + (f"to continue it as it was started, add {' '.join(map(shell_quote, back))}; or " if back else "")
+                + "name intended changes in trainer.allow_changes=[KEY,...] or use a new hydra.run.dir"
             )
     init = load_init(cfg.trainer.init_from, plain) if cfg.trainer.init_from and resume_from is None else None
     # wandb starts before the minutes of sentencepiece and model building: a wandb that cannot (no API key for

@@ -341,14 +341,18 @@ def _with_defaults(saved: dict, current: dict) -> dict[str, Any]:
     return a
 
 
-def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[str]:
-    """Keys whose values differ between two configs, minus those allowed to change. A key the saved
-    config lacks (its checkpoint was written before the key existed) counts as its schema default,
-    which is what that run did, so adding a key with an old-behaviour default never blocks a resume."""
+ABSENT = "<absent>"
+
+
+def config_changes(saved: dict, current: dict, allowed: list[str]) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, current value)`` for each key whose value differs between two configs, minus those
+    allowed to change (``ABSENT`` for a key one side lacks). A key the saved config lacks (its checkpoint was
+    written before the key existed) counts as its schema default, which is what that run did, so adding a key
+    with an old-behaviour default never blocks a resume."""
     a, b = _with_defaults(saved, current), flatten(current)
     ok = RESUME_MAY_CHANGE + tuple(allowed)
     return [
-        f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+        (k, a.get(k, ABSENT), b.get(k, ABSENT))
         for k in sorted(set(a) | set(b))
         if a.get(k) != b.get(k) and not may_change(k, ok)
     ]

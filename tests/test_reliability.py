@@ -140,20 +140,28 @@ def tiny_cfg(sample_dir, *extra):
 
 def test_resume_refuses_a_changed_config_unless_allowed(tmp_path, sample_dir, cache_env):
     run(tiny_cfg(sample_dir, "trainer.max_steps=15"), tmp_path)
-    with pytest.raises(ConfigError, match=r"trainer\.lr: 0\.003 -> 0\.01.*trainer\.allow_changes"):
-        run(tiny_cfg(sample_dir, "trainer.max_steps=20", "trainer.resume=true", "trainer.lr=0.01"), tmp_path)
+    changed = ["trainer.resume=true", "trainer.lr=0.01", "decoder.tie_embeddings=true"]
+    with pytest.raises(ConfigError) as refused:
+        run(tiny_cfg(sample_dir, "trainer.max_steps=20", *changed), tmp_path)
     FAULTS["changed-config resumes refused"] += 1
+    said = str(refused.value)
+    assert "decoder.tie_embeddings: False -> True; trainer.lr: 0.003 -> 0.01);" in said, said
+    assert "trainer.allow_changes=[KEY,...]" in said, said
+    # the values it says to add (as after a preset changed under a run) continue the run as it was started
+    back = re.search(r"to continue it as it was started, add (.*); or name", said).group(1).split()
+    assert back == ["decoder.tie_embeddings=false", "trainer.lr=0.003"], said
+    assert run(tiny_cfg(sample_dir, "trainer.max_steps=20", *changed, *back), tmp_path)["step"] == 20
     result = run(
         tiny_cfg(
             sample_dir,
-            "trainer.max_steps=20",
+            "trainer.max_steps=25",
             "trainer.resume=true",
             "trainer.lr=0.01",
             "trainer.allow_changes=[trainer.lr]",
         ),
         tmp_path,
     )
-    assert result["step"] == 20
+    assert result["step"] == 25
     # how a run logs may change without being named: heatmaps on or off, progress lines
     from nmt.training import config_changes
 
