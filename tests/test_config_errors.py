@@ -292,6 +292,23 @@ def test_printed_overrides_read_back_as_the_same_value_through_the_shell_and_hyd
         assert printed == f"\"checkpoint='{value}'\""  # readable: no '"'"' chains
 
 
+@pytest.mark.parametrize(
+    "value", [True, False, None, 0.001, 1e-05, 3, [1, 2], [], ["x", "y z", "it's"], "true", "3", "a b=c", *VALUES]
+)
+def test_a_config_value_set_back_by_an_override_reads_back_with_its_type(value):
+    """A refused resume prints overrides that set changed keys back to the run's values (``value_override``):
+    booleans, null, numbers and lists as Hydra reads them, and text that looks like one (``'true'``) as text."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from nmt.config import shell_quote, value_override
+
+    (arg,) = shlex.split(shell_quote(value_override("model.key", value)))
+    got = OverridesParser.create().parse_override(arg).value()
+    assert got == value and type(got) is type(value), arg
+
+
 def test_an_override_hydra_cannot_read_is_named_with_its_quoted_form():
     from nmt.cli import COMMANDS, Stop, preflight
 
