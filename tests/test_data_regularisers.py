@@ -184,4 +184,4 @@ def test_a_checkpoint_written_before_these_keys_still_resumes():
         del saved[section][key]
     assert config_changes(saved, current, []) == []
     current["data"]["src_word_dropout"] = 0.1
-    assert config_changes(saved, current, []) == ["data.src_word_dropout: 0.0 -> 0.1"]
+    assert config_changes(saved, current, []) == [("data.src_word_dropout", 0.0, 0.1)]

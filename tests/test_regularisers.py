@@ -193,4 +193,4 @@ def test_a_run_from_before_these_keys_resumes_without_reporting_them():
     assert config_changes(old_checkpoint_config(), new, []) == []
     new["encoder"]["layer_norm"] = True
     # the old run had the key's default (no layer norm), so that is what the change is reported from
-    assert config_changes(old_checkpoint_config(), new, []) == ["encoder.layer_norm: False -> True"]
+    assert config_changes(old_checkpoint_config(), new, []) == [("encoder.layer_norm", False, True)]
