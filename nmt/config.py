@@ -98,6 +98,7 @@ class EncoderConfig:
     dropout: float = 0.2  # between RNN layers and on the outputs (the attention keys)
     emb_dropout: float | None = None  # on the source embeddings (null = the same as dropout)
     layer_norm: bool = False  # layer-normalised GRU/LSTM cells (Ba et al. 2016); computed by the step loops
+    layer_norm_gain: float = 1.0  # with layer_norm: the gains' starting value (Ba et al.: 1)
 
 
 @dataclass
@@ -121,6 +122,7 @@ class DecoderConfig:
     dropout: float = 0.2  # between RNN layers and on the readout (bahdanau) / attentional vector (luong)
     emb_dropout: float | None = None  # on the target embeddings (null = the same as dropout)
     layer_norm: bool = False  # layer-normalised GRU/LSTM cells (Ba et al. 2016); computed by the step loops
+    layer_norm_gain: float = 1.0  # with layer_norm: the gains' starting value (Ba et al.: 1)
     input_feeding: bool = True  # luong order only: feed the last attentional vector to the RNN
     tie_embeddings: bool = False  # output projection shares the target embedding matrix
 
@@ -561,6 +563,7 @@ _PROBABILITY = (lambda v: 0 <= v < 1, "a probability in [0, 1)")
 _RNN_RANGES = (
     (("emb_size", "hidden_size", "layers"), lambda v: v >= 1, "an integer >= 1"),
     (("dropout", "emb_dropout"), *_PROBABILITY),
+    (("layer_norm_gain",), lambda v: v > 0, "a number > 0"),
 )
 _SECTION_RANGES: dict[str, tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...]] = {
     "data": (

@@ -70,6 +70,21 @@ def test_layer_norm_starts_at_unit_gains_and_really_normalises(seeded):
         assert not torch.allclose(model(b.src, b.src_len, b.tgt_in)[0], plain(b.src, b.src_len, b.tgt_in)[0])
 
 
+def test_layer_norm_gains_start_where_each_section_says():
+    cfg = train_config(
+        encoder={"cell": "lstm", "layer_norm": True, "layer_norm_gain": 0.1},
+        decoder={"layer_norm": True, "layer_norm_gain": 0.5},
+    )
+    model = model_from_config(cfg, V, V, "cpu")
+    for part, gain in ((model.encoder, 0.1), (model.decoder, 0.5)):
+        norms = {n: p for n, p in part.named_parameters() if ".ln_" in n}
+        assert norms and all(bool((p == (0 if "ln_c_bias" in n else gain)).all()) for n, p in norms.items()), part
+    # the gains are parameters like any other: a step moves them
+    b = random_batch()
+    model(b.src, b.src_len, b.tgt_in)[0].sum().backward()
+    assert model.encoder.rnn.ln_ih_l0.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("order,feed", [("bahdanau", True), ("luong", True), ("luong", False)])
 def test_layer_norm_step_equals_full_pass(order, feed, seeded):
     """Search's step path against the teacher-forced one (for Luong without feeding, the one-call RNN)."""
@@ -93,7 +108,7 @@ def test_cudnn_with_layer_norm_is_refused_and_auto_takes_the_step_loops():
 
 def test_bad_values_fail_in_one_line_each_before_any_work():
     cfg = train_config(
-        encoder={"layer_norm": True, "emb_dropout": 1.0},
+        encoder={"layer_norm": True, "emb_dropout": 1.0, "layer_norm_gain": 0.0},
         decoder={"emb_size": 16},
         model={"rnn_impl": "cudnn", "tie_all_embeddings": True},
         tokenizer={"joint": False},
@@ -101,8 +116,9 @@ def test_bad_values_fail_in_one_line_each_before_any_work():
     with pytest.raises(ConfigError) as e:
         validate(cfg, "train")
     lines = str(e.value).splitlines()
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     assert "encoder.emb_dropout=1.0: expected a probability in [0, 1)" in lines
+    assert "encoder.layer_norm_gain=0.0: expected a number > 0" in lines
     assert any(line.startswith("model.rnn_impl=cudnn cannot compute layer-normalised cells") for line in lines)
     assert any("needs tokenizer.joint=true" in line for line in lines)
     assert any("needs encoder.emb_size (8) == decoder.emb_size (16)" in line for line in lines)
@@ -111,7 +127,8 @@ def test_bad_values_fail_in_one_line_each_before_any_work():
 def old_checkpoint_config() -> dict:
     """A train config as checkpoints stored it before these keys existed."""
     cfg = OmegaConf.to_container(train_config())
-    for section, keys in (("encoder", ("emb_dropout", "layer_norm")), ("decoder", ("emb_dropout", "layer_norm"))):
+    keys = ("emb_dropout", "layer_norm", "layer_norm_gain")
+    for section in ("encoder", "decoder"):
         for k in keys:
             del cfg[section][k]
     del cfg["model"]["tie_all_embeddings"]

@@ -40,7 +40,8 @@ def build_model(
     target embedding and the output layer (Press & Wolf 2017; fairseq's share_all_embeddings).
 
     Parameters start uniform in ±``init_range`` (OpenNMT-py's RNN default), which trains
-    markedly faster per update for GRU/LSTM NMT than Xavier initialisation; layer-norm gains at 1.
+    markedly faster per update for GRU/LSTM NMT than Xavier initialisation; layer-norm gains at
+    ``encoder/decoder.layer_norm_gain`` (default 1, the paper's).
     """
     if decoder.order not in DECODERS:
         raise ConfigError(f"decoder.order={decoder.order!r} is unknown; choose one of {sorted(DECODERS)}")
@@ -88,9 +89,10 @@ def build_model(
     model = Seq2Seq(enc, dec)
     for p in model.parameters():
         nn.init.uniform_(p, -init_range, init_range)
-    for m in model.modules():
-        if isinstance(m, RNN):
-            m.reset_layer_norm()
+    for part, section in ((enc, encoder), (dec, decoder)):
+        for m in part.modules():
+            if isinstance(m, RNN):
+                m.reset_layer_norm(option(section, "layer_norm_gain", 1.0))
     for emb in (enc.embed, dec.embed):
         emb.weight.data[emb.padding_idx].zero_()
     return model

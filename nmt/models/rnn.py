@@ -596,11 +596,12 @@ class RNN(nn.RNNBase):
                         self.register_parameter(f"ln_c_l{layer}{sfx}", nn.Parameter(torch.ones(hidden_size)))
                         self.register_parameter(f"ln_c_bias_l{layer}{sfx}", nn.Parameter(torch.zeros(hidden_size)))
 
-    def reset_layer_norm(self) -> None:
-        """Gains 1, cell-norm shifts 0 (Ba et al. 2016): the start, after a model-wide initialisation."""
+    def reset_layer_norm(self, gain: float = 1.0) -> None:
+        """Gains ``gain`` (Ba et al. 2016: 1), cell-norm shifts 0: the start, after a model-wide
+        initialisation."""
         for name, p in self.named_parameters():
             if name.startswith("ln_"):
-                nn.init.constant_(p, 0.0 if name.startswith("ln_c_bias") else 1.0)
+                nn.init.constant_(p, 0.0 if name.startswith("ln_c_bias") else gain)
 
     @property
     def _torch(self) -> type[nn.RNNBase]:
