@@ -79,7 +79,7 @@ def test_layer_norm_gains_start_where_each_section_says():
     for part, gain in ((model.encoder, 0.1), (model.decoder, 0.5)):
         norms = {n: p for n, p in part.named_parameters() if ".ln_" in n}
         assert norms and all(bool((p == (0 if "ln_c_bias" in n else gain)).all()) for n, p in norms.items()), part
-    # the gains are parameters like any other: a step moves them
+    # the gains are parameters like any other: they receive gradients
     b = random_batch()
     model(b.src, b.src_len, b.tgt_in)[0].sum().backward()
     assert model.encoder.rnn.ln_ih_l0.grad.abs().sum() > 0
