@@ -37,9 +37,14 @@ ROWS: list[tuple[str, list[str], str]] = [
         "10% of source and target-input tokens → <unk> (Sennrich & Zhang 2019)",
     ),
     (
-        "layer_norm",
-        ["encoder.layer_norm=true", "decoder.layer_norm=true"],
-        "layer-normalised GRU cells (Ba et al. 2016)",
+        "no_layer_norm",
+        ["encoder.layer_norm=false", "decoder.layer_norm=false"],
+        "plain GRU cells (both presets layer-normalise theirs, gains from 0.1; Ba et al. 2016)",
+    ),
+    (
+        "layer_norm_gain_1",
+        ["encoder.layer_norm_gain=1", "decoder.layer_norm_gain=1"],
+        "layer-norm gains starting at 1 (the paper's) instead of 0.1",
     ),
     ("tie_all", ["model.tie_all_embeddings=true"], "encoder emb = decoder emb = output layer"),
     ("label_smoothing_0.2", ["trainer.label_smoothing=0.2"], "label smoothing 0.2 instead of 0.1"),
