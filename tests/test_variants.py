@@ -62,7 +62,7 @@ def test_experiment_presets_compose():
     assert cfg.model.tie_all_embeddings and cfg.tokenizer.joint  # measured +0.5 on valid (docs/results.md)
     # Both presets layer-normalise both GRUs with gains from 0.1 (docs/results.md): on the whole valid.tsv +1.8 / +1.5
     # in cpu_small, +0.9 / +0.8 in cpu_best, where gains from 1 learned half as much per step. With it, both train
-    # with twice Adam's default rate: +0.8 / +0.9 in cpu_small, +0.3 / +0.6 in cpu_best (one run each).
+    # with twice Adam's default rate: +0.8 / +0.85 in cpu_small, +0.3 / +0.6 in cpu_best (one run each).
     for exp in ("cpu_small", "cpu_best"):
         cfg = compose_cfg([f"experiment={exp}"])
         assert cfg.trainer.lr == 2e-3, exp
