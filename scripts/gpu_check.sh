@@ -10,7 +10,8 @@
 #   data/spa-eng/   train.tsv, valid.tsv, test.tsv (copied from ../shared/data/spa-eng)
 #
 # Usage: bash scripts/gpu_check.sh [STAGE ...]
-#   STAGE: install env tests train decode ddp summary cpu peers amp gaps (default: all but cpu, peers, amp, gaps)
+#   STAGE: install env tests presets train decode ddp summary cpu peers amp gaps (default: all but presets, cpu,
+#          peers, amp, gaps)
 #   amp: model R's training step on the GPU: the default (trainer.amp=auto, measured per GPU since session 21),
 #        bf16 autocast forced (trainer.amp=bf16) and float32 (trainer.amp=none): scripts/benchmark.py
 #        --models r,r_bf16,r_fp32 (on an H100 bf16 autocast ran 0.68-0.86x float32 for model R, session 21);
@@ -19,6 +20,9 @@
 #        0.5 min, then resumed to 0.75 min; an ensemble (the `train` run's best.pt + the fp16 run's) in
 #        nmt.evaluate on 300 valid lines; nmt.serve on the GPU answering one request
 #   decode: nmt.evaluate of the `train` run's checkpoint on valid.tsv, beam 5, on the GPU (whole command timed)
+#   presets: experiment=cpu_best on the GPU for PRESET_MINUTES (1): subword sampling, word dropout, layer-normalised
+#        cells (the loop implementation: cuDNN has none), three-way tying, averaging of the last 3 checkpoints and
+#        the decoding defaults tuned on 300 valid lines; then nmt.evaluate and nmt.translate with averaged.pt there
 #   cpu: the machine's own CPU on 2 pinned cores (taskset), like a 2-core CI machine: GEMM peak,
 #        the precision and tanh choices nmt.train makes there, and model R's step in bf16 against float32
 #   peers: scripts/benchmark.py --device cpu --compare onmt on 2 pinned cores of the machine's CPU (OpenNMT-py from
@@ -116,6 +120,33 @@ if want decode; then
             tee -a "$OUT/summary.txt"
     else
         failed+=("decode (no $ckpt: the train stage did not save)")
+    fi
+fi
+
+if want presets && [[ -f data/spa-eng/train.tsv ]]; then
+    dev=${TRAIN_DEVICE:-cuda}
+    pmin=${PRESET_MINUTES:-1}
+    plimit=$(awk "BEGIN {print int(60 * $pmin + 150)}") # tokenizer, calibration, averaging and the decoding grid
+    rm -rf "$RUNS/preset"
+    stage "presets: nmt.train experiment=cpu_best on $dev, $pmin min" presets.log "$plimit" $PYTHON -m nmt.train \
+        experiment=cpu_best "device=$dev" wandb.mode=disabled "trainer.max_minutes=$pmin" \
+        "trainer.valid_minutes=$(awk "BEGIN {print $pmin / 4}")" data.valid_max_sentences=300 data.dir=data/spa-eng \
+        data.fetch=false "hydra.run.dir=$RUNS/preset"
+    cp "$RUNS/preset/metrics.jsonl" "$OUT/metrics_preset.jsonl" 2>/dev/null
+    grep -E "model:|training precision|training stream|validating every|stopping|averaged|decoding with" "$OUT/presets.log" |
+        head -12 >>"$OUT/summary.txt"
+    ckpt=$RUNS/preset/checkpoints/averaged.pt
+    if [[ -f $ckpt ]]; then
+        head -n 300 data/spa-eng/valid.tsv >"$RUNS/valid300.tsv"
+        stage "presets: nmt.evaluate averaged.pt (its stored decoding defaults), 300 valid lines on $dev" presets.log 120 \
+            $PYTHON -m nmt.evaluate "checkpoint=$ckpt" "input=$RUNS/valid300.tsv" "device=$dev"
+        tail -2 "$OUT/presets.log" >>"$OUT/summary.txt"
+        printf 'I would like a cup of coffee, please.\nWhere is the station?\n' >"$RUNS/two.en"
+        stage "presets: nmt.translate averaged.pt on $dev" presets.log 120 \
+            $PYTHON -m nmt.translate "checkpoint=$ckpt" "input=$RUNS/two.en" "device=$dev"
+        tail -2 "$OUT/presets.log" >>"$OUT/summary.txt"
+    else
+        failed+=("presets: the cpu_best run wrote no $ckpt")
     fi
 fi
 
