@@ -199,7 +199,7 @@ def build_trainer(
     calibration = Calibration(cfg.data.max_tokens, t.get("amp_cache"), t.teacher_forcing, t.label_smoothing)
     precision = build_precision(t.amp, device, model, calibration, dist)
     log.info("training precision: %s", precision.description)
-    log.info("tanh: %s", describe_tanh(model.decoder.tanh))
+    log.info("tanh: %s", describe_tanh(model.decoder.tanh, device))
     log.info("loss: %s", describe_loss(t.label_smoothing))
     validator = None
     if dist.is_main:

@@ -162,3 +162,7 @@ def test_the_tanh_log_line_names_the_choice_and_its_measurement():
     assert loop.tanh_line(True, 1.9, "cached") == "2σ(2x) − 1 (measured 1.9x as fast as torch.tanh on this CPU; cached)"
     loop.sigmoid_tanh_speedup()  # measured in this process, so describe_tanh reports it whichever it chose
     assert "measured" in loop.describe_tanh(loop.tanh_kernel("loop"))
+    # a model on a GPU (layer-norm cells run the loop there) computes torch.tanh whatever the host CPU measured
+    # (sigmoid_tanh falls back to it off the CPU): the line says so, and names no CPU measurement
+    on_gpu = loop.describe_tanh(loop.tanh_kernel("loop"), torch.device("cuda", 0))
+    assert on_gpu.startswith("torch.tanh (on cuda") and "measured" not in on_gpu

@@ -418,8 +418,11 @@ def uses_sigmoid_tanh() -> bool:
     return pinned if pinned is not None else sigmoid_tanh_speedup() >= SIGMOID_TANH_MARGIN
 
 
-def describe_tanh(tanh: Callable[[torch.Tensor], torch.Tensor]) -> str:
-    """One line for the log: which tanh a model computes (``tanh_kernel``), and why."""
+def describe_tanh(tanh: Callable[[torch.Tensor], torch.Tensor], device: Any = "cpu") -> str:
+    """One line for the log: which tanh a model on ``device`` computes (``tanh_kernel``), and why. Off
+    the CPU ``sigmoid_tanh`` is ``torch.tanh`` whatever the host CPU measured, so the line says that."""
+    if torch.device(device).type != "cpu":
+        return f"torch.tanh (on {torch.device(device).type}; 2σ(2x) − 1 is a CPU kernel choice)"
     pinned = _PINNED.get("sigmoid_tanh")
     if pinned is not None:
         if pinned and tanh is not sigmoid_tanh:  # eager/cudnn: the plain version, whatever the CPU measured
