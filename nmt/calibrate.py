@@ -46,7 +46,15 @@ from pathlib import Path
 import torch
 
 from nmt.data.tokenizer import BOS, EOS
-from nmt.models.rnn import KERNEL_CHOICES, RNN, choices_from_speedups, measured_speedups
+from nmt.models.rnn import (
+    KERNEL_CHOICES,
+    RNN,
+    choices_from_speedups,
+    measured_speedups,
+    packed_linear,
+    packed_weight,
+    packs_float32,
+)
 from nmt.models.seq2seq import Seq2Seq, nll_loss
 from nmt.rundir import atomic_write
 
@@ -196,21 +204,30 @@ class AutocastStepTimer(StepTimer):
 class ProductTimer:
     """Seconds of one time step's vocabulary projection, [B, O] · [O, V] with the decoder's own
     output weight (B = max_tokens // LENGTH, or ``rows``), both operands already in the dtype (as
-    StepLinear casts a weight once per pass)."""
+    StepLinear casts a weight once per pass). ``packed``: multiply as a search does, over the weight
+    blocked once for oneDNN where ``rnn.packed_weight`` blocks it (bf16 where PyTorch can, float32
+    where it measured faster on this CPU), so decoding's choice compares the products it would run;
+    otherwise plain ``F.linear``, as a training step multiplies."""
 
-    def __init__(self, model: Seq2Seq, cal: Calibration, rows: int | None = None):
+    def __init__(self, model: Seq2Seq, cal: Calibration, rows: int | None = None, packed: bool = False):
         w = model.decoder.out.weight.detach()  # [V, O]
         rows = rows or max(1, cal.max_tokens // LENGTH)
         x = torch.randn(rows, w.size(1), generator=torch.Generator().manual_seed(0))
         self.operands = {None: (x, w), torch.bfloat16: (x.bfloat16(), w.bfloat16())}
+        # dtype -> the blocked weight, or None: plain F.linear
+        self.packed = {d: packed_weight(wd) if packed else None for d, (_, wd) in self.operands.items()}
         # a small model's product takes microseconds: repeat it to ~PROBE_FLOP so timer noise does not decide
         self.repeats = max(1, PROBE_FLOP // (x.size(0) * w.size(0) * w.size(1)))
 
     def __call__(self, dtype: torch.dtype | None) -> float:
         x, w = self.operands[dtype]
+        blocked = self.packed[dtype]
         start = time.perf_counter()
         for _ in range(self.repeats):
-            torch.nn.functional.linear(x, w)
+            if blocked is None:
+                torch.nn.functional.linear(x, w)
+            else:
+                packed_linear(x, blocked, None)
         return time.perf_counter() - start
 
 
@@ -390,7 +407,8 @@ def decode_dtype(
 
     A beam search step is mostly the vocabulary projection ([beams, O] · [O, V]); the rest (attention,
     gate maths, top-k) is small and stays float32 whatever the choice. So ``auto`` on CPU times that
-    projection alone at DECODE_ROWS rows in float32 and bf16 (``measure``: well under a second) and
+    projection alone at DECODE_ROWS rows in float32 and bf16, each over the weight blocked as the
+    search blocks it (``ProductTimer(packed=...)``; ``measure``: well under a second) and
     takes bf16 when it is at least BF16_MARGIN faster. Like training's choice it is cached per CPU
     model, torch, thread count and projection shape (``cache_dir``: the commands' ``amp_cache``), so
     the same machine always decodes the same way. On CUDA ``auto`` stays float32 (decoding on a GPU has
@@ -409,11 +427,15 @@ def decode_dtype(
         return None, "amp=auto keeps float32 on CUDA for decoding (never measured on a GPU); amp=bf16 forces"
     threads = torch.get_num_threads()
     shape = [DECODE_ROWS, *reversed(model.decoder.out.weight.shape)]  # rows, O, V
+    # The search blocks its weights on the CPU fast path (Decoder._packs: ``loop``; float32 only where packing
+    # measured faster), so the products timed are those: another packing is another cache entry.
+    packed = model.decoder.rnn.impl == "loop"
     key = {"cpu": cpu_name(), "torch": torch.__version__, "threads": threads, "decode_projection": shape}
+    key["packed"] = {"bf16": packed, "float32": packed and packs_float32()}
 
     def run() -> dict:
         start = time.monotonic()
-        f32, bf16 = measure(probe or ProductTimer(model, Calibration(), rows=DECODE_ROWS))
+        f32, bf16 = measure(probe or ProductTimer(model, Calibration(), rows=DECODE_ROWS, packed=packed))
         return {"float32_s": f32, "bf16_s": bf16, "basis": "decode", "seconds": time.monotonic() - start}
 
     measured = _measured(*_cached(cache_dir, key, run), "amp")

@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 from test_decoder import CASES, random_batch, tiny_model
 
 from helpers import run_module, source_file
-from nmt.calibrate import decode_dtype
+from nmt.calibrate import Calibration, ProductTimer, decode_dtype
 from nmt.config import DecodeConfig, TranslateConfig, validate
 from nmt.errors import ConfigError
-from nmt.models.rnn import CastLinear, StepLinear, packs_float32
+from nmt.models.rnn import CastLinear, StepLinear, _packing_available, packs_float32, pin_kernel_choices
 from nmt.runtime import load_translator
 from nmt.search import SearchOptions, beam_search
 
@@ -55,6 +55,26 @@ def test_auto_choice_is_cached_per_machine_and_shape(tmp_path):
     other = tiny_model("bahdanau", "gru", True, tie=True)
     dtype, _ = decode_dtype(other, "auto", CPU, str(tmp_path), probe=probe(1.0, 3.0))
     assert dtype is None and len(list(tmp_path.glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize("float32_packing", [True, False])
+def test_auto_times_the_products_the_search_runs(tmp_path, float32_packing):
+    """The search multiplies over weights blocked once for oneDNN on the CPU fast path (bf16 where PyTorch
+    can; float32 where packing measured faster), so decoding's ``auto`` times those; the plain path
+    (``eager``) and a training step's probe multiply with F.linear. The cache key records which."""
+    pin_kernel_choices({"float32_packing": float32_packing})
+    fast, plain = tiny_model("luong", "gru", False), tiny_model("luong", "gru", False, rnn_impl="eager")
+    bf16_packs = _packing_available(torch.bfloat16)
+    timer = ProductTimer(fast, Calibration(), rows=8, packed=True)
+    assert (timer.packed[torch.bfloat16] is not None) == bf16_packs
+    assert (timer.packed[None] is not None) == (float32_packing and _packing_available(torch.float32))
+    assert timer(None) > 0 and timer(torch.bfloat16) > 0
+    assert set(ProductTimer(fast, Calibration(), rows=8).packed.values()) == {None}  # a training step's probe
+    for model, packed in ((fast, True), (plain, False)):
+        cache = tmp_path / str(packed)
+        decode_dtype(model, "auto", CPU, str(cache), probe=probe(1.0, 0.5))
+        (entry,) = [json.loads(f.read_text()) for f in cache.glob("*.json")]
+        assert entry["key"]["packed"] == {"bf16": packed, "float32": packed and packs_float32()}
 
 
 def test_forced_choices_and_cuda_measure_nothing():
