@@ -222,12 +222,12 @@ class ProductTimer:
     def __call__(self, dtype: torch.dtype | None) -> float:
         x, w = self.operands[dtype]
         blocked = self.packed[dtype]
+        product = (
+            (lambda: torch.nn.functional.linear(x, w)) if blocked is None else (lambda: packed_linear(x, blocked, None))
+        )
         start = time.perf_counter()
         for _ in range(self.repeats):
-            if blocked is None:
-                torch.nn.functional.linear(x, w)
-            else:
-                packed_linear(x, blocked, None)
+            product()
         return time.perf_counter() - start
 
 
@@ -427,9 +427,9 @@ def decode_dtype(
         return None, "amp=auto keeps float32 on CUDA for decoding (never measured on a GPU); amp=bf16 forces"
     threads = torch.get_num_threads()
     shape = [DECODE_ROWS, *reversed(model.decoder.out.weight.shape)]  # rows, O, V
-    # The search blocks its weights on the CPU fast path (Decoder._packs: ``loop``; float32 only where packing
-    # measured faster), so the products timed are those: another packing is another cache entry.
-    packed = model.decoder.rnn.impl == "loop"
+    # The search blocks its weights on the CPU fast path (float32 only where packing measured faster), so the
+    # products timed are those: another packing is another cache entry.
+    packed = model.decoder.packs_weights()
     key = {"cpu": cpu_name(), "torch": torch.__version__, "threads": threads, "decode_projection": shape}
     key["packed"] = {"bf16": packed, "float32": packed and packs_float32()}
 

@@ -160,9 +160,9 @@ class Decoder(nn.Module):
             return layer
         if torch.is_grad_enabled():
             return self.rnn.linear(layer)
-        return CastLinear(layer.weight, layer.bias, dtype or torch.float32, torch.float32, pack=self._packs())
+        return CastLinear(layer.weight, layer.bias, dtype or torch.float32, torch.float32, pack=self.packs_weights())
 
-    def _packs(self) -> bool:
+    def packs_weights(self) -> bool:
         """Whether this pass may block weights once for all its steps (rnn.packed_weight): the CPU fast
         path (``loop``); ``eager`` keeps F.linear."""
         return self.rnn.impl == "loop"
@@ -171,7 +171,10 @@ class Decoder(nn.Module):
         """Whether this pass takes float32 products over packed weights: the fast path, no gradients, on a
         CPU where oneDNN's packed float32 product measured faster (rnn.packs_float32)."""
         return (
-            self._packs() and not torch.is_grad_enabled() and self.out.weight.device.type == "cpu" and packs_float32()
+            self.packs_weights()
+            and not torch.is_grad_enabled()
+            and self.out.weight.device.type == "cpu"
+            and packs_float32()
         )
 
     def pass_products(self, vocab: torch.Tensor | None = None) -> PassProducts:
@@ -191,7 +194,7 @@ class Decoder(nn.Module):
         if vocab is not None:
             return PassProducts(rnn, read, output_rows(self.out, vocab, dtype))
         out = (
-            CastLinear(self.out.weight, self.out.bias, dtype, pack=self._packs())
+            CastLinear(self.out.weight, self.out.bias, dtype, pack=self.packs_weights())
             if type(self.out) is nn.Linear
             else self.out
         )
