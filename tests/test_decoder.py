@@ -23,6 +23,7 @@ def tiny_model(
     tie: bool = False,
     rnn_impl: str = "auto",
     layer_norm: bool = False,
+    device: str = "cpu",
 ):
     cfg = OmegaConf.structured(TrainConfig)
     cfg.encoder.update(cell=cell, emb_size=8, hidden_size=6, layers=layers, dropout=0.0, layer_norm=layer_norm)
@@ -39,7 +40,7 @@ def tiny_model(
     cfg.attention.name = attention
     if attention == "dot" or attention == "scaled_dot":
         cfg.decoder.hidden_size = 2 * cfg.encoder.hidden_size
-    return build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V, rnn_impl=rnn_impl).eval()
+    return build_model(cfg.encoder, cfg.attention, cfg.decoder, V, V, rnn_impl=rnn_impl, device=device).eval()
 
 
 def random_batch(seed: int = 0):

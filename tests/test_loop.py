@@ -150,6 +150,27 @@ def test_the_tanh_comes_from_the_rnn_implementation_and_its_measurement():
         assert dec.tanh is dec.attention.tanh is dec.rnn.tanh is model.encoder.rnn.tanh is want, impl
 
 
+def test_a_model_built_for_a_gpu_takes_torch_tanh_without_measuring_the_host_cpu():
+    """Layer-norm cells run the step loops (``loop``) on a GPU too; the model's tanh is chosen for the device
+    it is built for: the CPU's measured choice on the CPU, torch.tanh elsewhere, with no host-CPU measurement
+    (the pin below says "the formula"; building for CUDA needs no GPU, the model stays on the CPU)."""
+    from test_decoder import tiny_model
+
+    loop.pin_kernel_choices({"sigmoid_tanh": True})
+    on_cpu = tiny_model("luong", "gru", True, rnn_impl="loop", layer_norm=True)
+    assert on_cpu.decoder.tanh is on_cpu.encoder.rnn.tanh is loop.sigmoid_tanh
+    loop.pin_kernel_choices({})  # unpinned: a CPU build would measure now
+    loop.sigmoid_tanh_speedup.cache_clear()
+    try:
+        model = tiny_model("luong", "gru", True, layer_norm=True, device="cuda")  # auto → loop, for the cells
+        dec = model.decoder
+        assert dec.rnn.impl == model.encoder.rnn.impl == "loop"
+        assert dec.tanh is dec.attention.tanh is dec.rnn.tanh is model.encoder.rnn.tanh is torch.tanh
+        assert loop.sigmoid_tanh_speedup.cache_info().currsize == 0  # the host CPU was not measured
+    finally:
+        loop.sigmoid_tanh_speedup.cache_clear()
+
+
 def test_the_tanh_log_line_names_the_choice_and_its_measurement():
     """The training log's ``tanh:`` line: the formula with its factor; torch.tanh with the factor that was too
     small (the AMX Xeon of session 18 chose torch.tanh); plain torch.tanh where nothing was measured (CUDA)."""

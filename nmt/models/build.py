@@ -11,7 +11,7 @@ from nmt.errors import ConfigError
 from nmt.models.attention import build_attention
 from nmt.models.decoder import DECODERS, BahdanauDecoder, LuongDecoder
 from nmt.models.encoder import Encoder
-from nmt.models.rnn import RNN, resolve_impl
+from nmt.models.rnn import RNN, resolve_impl, tanh_kernel
 from nmt.models.seq2seq import Seq2Seq
 
 
@@ -49,6 +49,7 @@ def build_model(
         raise ConfigError(problem)
     enc_ln, dec_ln = option(encoder, "layer_norm", False), option(decoder, "layer_norm", False)
     impl = resolve_impl(rnn_impl, device, enc_ln or dec_ln)
+    tanh = tanh_kernel(impl, device)  # one tanh for the whole model, chosen for the device
     key_size = 2 * encoder.hidden_size
     enc = Encoder(
         src_vocab,
@@ -63,6 +64,7 @@ def build_model(
         impl,
         emb_dropout=option(encoder, "emb_dropout", None),
         layer_norm=enc_ln,
+        tanh=tanh,
     )
     options = {k: attention[k] for k in ("window", "score", "heads", "max_positions") if k in attention}
     attn = build_attention(attention.name, decoder.hidden_size, key_size, attention.dim, **options)
@@ -79,6 +81,7 @@ def build_model(
         rnn_impl=impl,
         emb_dropout=option(decoder, "emb_dropout", None),
         layer_norm=dec_ln,
+        tanh=tanh,
     )
     if decoder.order == "luong":
         dec = LuongDecoder(**common, input_feeding=decoder.input_feeding)

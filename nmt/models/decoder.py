@@ -105,9 +105,11 @@ class Decoder(nn.Module):
         rnn_impl: str = "loop",
         emb_dropout: float | None = None,
         layer_norm: bool = False,
+        tanh: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         """``dropout``: between RNN layers and on the readout / attentional vector; ``emb_dropout``: on
-        the target embeddings (None = ``dropout``); ``layer_norm``: layer-normalised cells (nmt.models.rnn)."""
+        the target embeddings (None = ``dropout``); ``layer_norm``: layer-normalised cells; ``tanh``: the
+        model's (``nmt.models.rnn.tanh_kernel``; None = the CPU's choice)."""
         super().__init__()
         check_cell(cell, "decoder.cell")
         self.emb_size, self.hidden_size, self.layers = emb_size, hidden_size, layers
@@ -115,7 +117,7 @@ class Decoder(nn.Module):
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
         self.emb_dropout = dropout_layer(dropout if emb_dropout is None else emb_dropout, rnn_impl)
         self.dropout = dropout_layer(dropout, rnn_impl)
-        self.rnn = RNN(cell, emb_size + extra_input, hidden_size, layers, dropout, False, rnn_impl, layer_norm)
+        self.rnn = RNN(cell, emb_size + extra_input, hidden_size, layers, dropout, False, rnn_impl, layer_norm, tanh)
         # The readout / combine's and the attention's tanh: the RNN implementation's (rnn.tanh_kernel).
         self.tanh = attention.tanh = self.rnn.tanh
         self.attention = attention
@@ -253,7 +255,7 @@ class BahdanauDecoder(Decoder):
         key_size: int,
         tie_embeddings: bool,
         rnn_impl: str = "loop",
-        **options,  # Decoder's emb_dropout, layer_norm
+        **options,  # Decoder's emb_dropout, layer_norm, tanh
     ):
         out_size = emb_size if tie_embeddings else hidden_size
         super().__init__(
@@ -323,7 +325,7 @@ class LuongDecoder(Decoder):
         tie_embeddings: bool,
         input_feeding: bool,
         rnn_impl: str = "loop",
-        **options,  # Decoder's emb_dropout, layer_norm
+        **options,  # Decoder's emb_dropout, layer_norm, tanh
     ):
         out_size = emb_size if tie_embeddings else hidden_size
         super().__init__(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,15 +67,17 @@ class Encoder(nn.Module):
         rnn_impl: str = "loop",
         emb_dropout: float | None = None,
         layer_norm: bool = False,
+        tanh: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         """``dropout``: between RNN layers and on the outputs (keys); ``emb_dropout``: on the embeddings
-        (None = ``dropout``); ``layer_norm``: layer-normalised cells (nmt.models.rnn)."""
+        (None = ``dropout``); ``layer_norm``: layer-normalised cells; ``tanh``: the RNN's
+        (``nmt.models.rnn.tanh_kernel``; None = the CPU's choice)."""
         super().__init__()
         self.lstm = check_cell(cell, "encoder.cell") == "lstm"
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
         self.emb_dropout = dropout_layer(dropout if emb_dropout is None else emb_dropout, rnn_impl)
         self.dropout = dropout_layer(dropout, rnn_impl)
-        self.rnn = RNN(cell, emb_size, hidden_size, layers, dropout, True, rnn_impl, layer_norm)
+        self.rnn = RNN(cell, emb_size, hidden_size, layers, dropout, True, rnn_impl, layer_norm, tanh)
         # An LSTM decoder needs a cell state: a GRU encoder's h serves as the source for both.
         self.dec_lstm = dec_cell == "lstm"
         self.bridge = Bridge(hidden_size, dec_size, dec_layers, self.dec_lstm)

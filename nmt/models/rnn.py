@@ -32,9 +32,10 @@ product only, so the recurrent state and the element-wise gate maths stay in flo
 their weights cast once per search, where autocast would cast them at every step.
 
 ``tanh_kernel`` is the model's tanh (the cells, the additive attention's scores, the readout / combine):
-with ``loop``, on CPU, tanh(x) = 2σ(2x) − 1 (``sigmoid_tanh``) when that measured faster than torch.tanh
-in this process (PyTorch's CPU tanh kernel is 4–5x slower than its sigmoid on the AMD EPYC of
-docs/benchmarks.md); torch.tanh otherwise.
+with ``loop``, for a model built for the CPU, tanh(x) = 2σ(2x) − 1 (``sigmoid_tanh``) when that measured
+faster than torch.tanh in this process (PyTorch's CPU tanh kernel is 4–5x slower than its sigmoid on the
+AMD EPYC of docs/benchmarks.md); torch.tanh otherwise, and always for a model built for a GPU
+(``build_model`` chooses it once, for its device).
 
 ``dropout_layer`` makes the encoder's and decoder's dropout layers: with ``loop`` a ``MaskDropout``, whose
 mask comes from 16-bit fields of 64-bit random words. PyTorch's CPU ``bernoulli_`` draws one
@@ -404,11 +405,15 @@ def sigmoid_tanh_speedup() -> float:
     return best[torch.tanh] / best[sigmoid_tanh]
 
 
-def tanh_kernel(impl: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The tanh of a model whose RNNs run as ``impl`` (the cells, the additive attention's scores, the
-    readout / combine): ``sigmoid_tanh`` for the CPU step loops (``loop``) when measured at least
-    ``SIGMOID_TANH_MARGIN`` faster on this CPU, ``torch.tanh`` otherwise (the plain version)."""
-    return sigmoid_tanh if impl == "loop" and uses_sigmoid_tanh() else torch.tanh
+def tanh_kernel(impl: str, device: Any = "cpu") -> Callable[[torch.Tensor], torch.Tensor]:
+    """The tanh of a model whose RNNs run as ``impl`` on ``device`` (the cells, the additive attention's
+    scores, the readout / combine): ``sigmoid_tanh`` for the CPU step loops (``loop`` on the CPU) when
+    measured at least ``SIGMOID_TANH_MARGIN`` faster on this CPU, ``torch.tanh`` otherwise (the plain
+    version). Off the CPU (layer-norm cells run the loop on a GPU too) nothing is measured: the host CPU's
+    speed says nothing about a GPU's tanh."""
+    if impl != "loop" or torch.device(device).type != "cpu":
+        return torch.tanh
+    return sigmoid_tanh if uses_sigmoid_tanh() else torch.tanh
 
 
 def uses_sigmoid_tanh() -> bool:
@@ -553,7 +558,8 @@ class RNN(nn.RNNBase):
 
     Its parameters are exactly an ``nn.GRU``/``nn.LSTM``'s (same names, shapes and gate order), so
     ``nn.GRU.forward``/``nn.LSTM.forward`` run on it unchanged (cuDNN on GPU). ``layer_norm`` adds
-    the layer-norm gains (module docstring) and runs every implementation as step loops.
+    the layer-norm gains (module docstring) and runs every implementation as step loops. ``tanh``: the
+    step loops' tanh, chosen for the device by ``tanh_kernel(impl, device)`` (the default: for the CPU).
     """
 
     def __init__(
@@ -566,6 +572,7 @@ class RNN(nn.RNNBase):
         bidirectional: bool,
         impl: str,
         layer_norm: bool = False,
+        tanh: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         if impl not in IMPLS[1:]:
             raise ValueError(f"RNN impl {impl!r}: resolve it first (resolve_impl)")
@@ -582,7 +589,7 @@ class RNN(nn.RNNBase):
         )
         self.impl, self.lstm, self.layer_norm = impl, cell == "lstm", layer_norm
         self.drop = dropout_layer(self.dropout, impl)  # between layers, in the step loops
-        self.tanh = tanh_kernel(impl)  # the cells' tanh in the step loops
+        self.tanh = tanh_kernel(impl) if tanh is None else tanh  # the cells' tanh in the step loops
         # Dtype of the loops' products (None = the surrounding one); only Seq2Seq.set_matmul_dtype
         # sets it. The weights are cast once per pass; state and gate maths stay float32.
         self.matmul_dtype: torch.dtype | None = None
