@@ -424,8 +424,8 @@ def uses_sigmoid_tanh() -> bool:
 
 
 def describe_tanh(tanh: Callable[[torch.Tensor], torch.Tensor], device: Any = "cpu") -> str:
-    """One line for the log: which tanh a model on ``device`` computes (``tanh_kernel``), and why. Off
-    the CPU ``sigmoid_tanh`` is ``torch.tanh`` whatever the host CPU measured, so the line says that."""
+    """One line for the log: which tanh a model on ``device`` computes (``tanh_kernel``), and why. A model
+    built for a GPU holds ``torch.tanh`` and nothing was measured for it; the line says why."""
     if torch.device(device).type != "cpu":
         return f"torch.tanh (on {torch.device(device).type}; 2σ(2x) − 1 is a CPU kernel choice)"
     pinned = _PINNED.get("sigmoid_tanh")
