@@ -19,6 +19,7 @@ from nmt.data.batching import (
 )
 from nmt.data.corpus import CorpusSpec
 from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.errors import CorpusError
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,13 @@ def test_budget_lengths_and_no_pair_lost(sample_dir, tok):
     real = sum(b.n_tgt_tokens for b in batches)
     padded = sum(b.tgt_out.numel() for b in batches)
     assert padded < 1.2 * real
+
+
+def test_a_stream_that_keeps_no_pair_says_so_instead_of_reading_the_corpus_forever(sample_dir, tok):
+    """data.max_len=2 passes validation, but no sentence of the corpus has fewer than 2 pieces on both sides:
+    each epoch yielded nothing and the endless stream re-read the corpus for ever, before its first batch."""
+    with pytest.raises(CorpusError, match=r"train.tsv: no training pair left: all \d+ have data.max_len=2 pieces"):
+        next(iter(stream(sample_dir, tok, max_len=2)))
 
 
 def test_max_sentences_caps_the_pairs_per_batch_and_loses_none(sample_dir, tok):

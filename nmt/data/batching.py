@@ -23,7 +23,7 @@ from torch.utils.data import IterableDataset
 
 from nmt.data.corpus import CorpusSpec, stream_pairs
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Sampling, Tokenizer
-from nmt.errors import NmtError
+from nmt.errors import CorpusError, NmtError
 
 log = logging.getLogger(__name__)
 
@@ -251,9 +251,19 @@ class BatchStream(IterableDataset):
                 batch = collate([srcs[i] for i in g], [tgts[i] for i in g], epoch, index, shard)
                 yield word_dropout(batch, *self.word_dropout, stream_seed("words", self.seed, epoch, shard, index))
                 index += 1
+        if index == 0:  # not one batch: the next epoch would be the same, and the stream would spin forever
+            raise CorpusError(
+                f"{self.spec.label}: no training pair left"
+                + (f" (shard {shard} of {self.num_shards})" if self.num_shards > 1 else "")
+                + (
+                    f": all {total} have data.max_len={self.max_len} pieces or more on one side; raise data.max_len"
+                    if total
+                    else ": the shard holds none; use fewer shards (world size x trainer.accum_steps)"
+                )
+            )
         if too_long and shard == self.shards[0] and epoch == self.starts[0][0]:
             log.info(
-                "epoch %d: left out %d of %d pairs longer than data.max_len=%d pieces (shard %d of %d)",
+                "epoch %d: left out %d of %d pairs of data.max_len=%d pieces or more (shard %d of %d)",
                 epoch,
                 too_long,
                 total,
