@@ -52,7 +52,7 @@ class DataConfig:
     # number of columns: [1,0] trains the other direction, [0,1] reads files with more columns (the manythings.org/
     # Anki exports carry a third, attribution column). Unset: exactly two columns, source<TAB>target.
     columns: list[int] | None = None
-    # Pairs longer than this many pieces (either side) are left out of training.
+    # Pairs with this many pieces or more on either side are left out of training (>= 2).
     max_len: int = 50
     # Token budget per batch: n_sentences * max(padded src len, padded tgt len) <= max_tokens.
     max_tokens: int = 2000
@@ -226,7 +226,7 @@ class TrainerConfig:
     shortlist: bool = True
     shortlist_frequent: int = 500
     shortlist_per_source: int = 20
-    max_bad_steps: int = 5  # non-finite losses/gradients in a row before the run stops
+    max_bad_steps: int = 5  # non-finite losses/gradients in a row (skipped updates) before the run stops, >= 1
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
     # Batches (of data.max_tokens each) per rank summed into one update; the global batch is
     # world_size * accum_steps batches, and one process with accum_steps=N reproduces N ranks.
@@ -542,6 +542,7 @@ _TRAINER_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...
         "an integer >= 0",
     ),
     (("patience",), lambda v: v >= 0, "an integer >= 0 (0 = never stop early)"),
+    (("max_bad_steps",), lambda v: v >= 1, "an integer >= 1 (non-finite steps in a row before the run stops)"),
     (("threads",), lambda v: v >= 0, "an integer >= 0 (0 = torch's default)"),
     (("average_last",), lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     (("accum_steps", "log_every", "val_beam_size"), lambda v: v >= 1, "an integer >= 1"),
@@ -567,7 +568,8 @@ _RNN_RANGES = (
 )
 _SECTION_RANGES: dict[str, tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...]] = {
     "data": (
-        (("max_len", "max_tokens", "bucket_size"), lambda v: v >= 1, "an integer >= 1"),
+        (("max_tokens", "bucket_size"), lambda v: v >= 1, "an integer >= 1"),
+        (("max_len",), lambda v: v >= 2, "an integer >= 2 (pairs of max_len pieces or more are left out)"),
         (("shuffle_buffer",), lambda v: v >= 0, "an integer >= 0 (0 or 1 = no shuffling)"),
         (("valid_max_sentences",), lambda v: v >= 0, "an integer >= 0 (0 = all)"),
         (("max_sentences",), lambda v: v >= 0, "an integer >= 0 (0 = no cap)"),
@@ -579,7 +581,10 @@ _SECTION_RANGES: dict[str, tuple[tuple[tuple[str, ...], Callable[[float], bool],
     ),
     "encoder": _RNN_RANGES,
     "decoder": _RNN_RANGES,
-    "attention": ((("dim",), lambda v: v >= 0, "an integer >= 0 (0 = the decoder's hidden size)"),),
+    "attention": (
+        (("dim",), lambda v: v >= 0, "an integer >= 0 (0 = the decoder's hidden size)"),
+        (("max_positions",), lambda v: v >= 1, "an integer >= 1 (the longest source it can weigh)"),
+    ),
 }
 
 
@@ -604,6 +609,22 @@ def columns_problem(key: str, columns: Any) -> list[str]:
     return [f"{key}={list(columns)}: expected two different 0-based column numbers [SOURCE,TARGET], e.g. [1,0]"]
 
 
+def _allow_changes_problems(allowed: Any) -> list[str]:
+    """Each entry is a config key (or a section, ``encoder.``): a misspelt one matched nothing, and the resume
+    it was meant to allow was refused again with the same advice."""
+    keys = schema_keys(TrainConfig)
+    problems = []
+    for k in allowed:
+        if k in keys or (str(k).endswith(".") and any(x.startswith(k) for x in keys)):
+            continue
+        close = did_you_mean(str(k).rstrip("."), keys)
+        problems.append(
+            f"trainer.allow_changes: {k!r} is not a config key"
+            + (f" (did you mean {close}?)" if close else " (a dotted key such as trainer.lr, or a section: encoder.)")
+        )
+    return problems
+
+
 def _optimizer_problems(t: Any) -> list[str]:
     """An optimizer key set for an optimizer that ignores it would do nothing, silently."""
     problems = []
@@ -626,6 +647,7 @@ def _train_problems(cfg: Any) -> list[str]:
     if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):  # else Adam's ValueError
         problems.append(f"trainer.betas={list(cfg.trainer.betas)}: expected two numbers in [0, 1), e.g. [0.9,0.999]")
     problems += _optimizer_problems(cfg.trainer)
+    problems += _allow_changes_problems(cfg.trainer.allow_changes)
     problems += columns_problem("data.columns", cfg.data.columns)
     if cfg.data.num_workers not in (0, 1):
         problems.append(f"data.num_workers={cfg.data.num_workers}: expected 0 or 1 (0 = in the main process)")
@@ -654,11 +676,12 @@ def _train_problems(cfg: Any) -> list[str]:
         )
     problems += _model_problems(cfg)
     problems += _sampling_problems(cfg.tokenizer)
-    if a.name == "dot" and dec.hidden_size != 2 * enc.hidden_size:
-        problems.append(
-            f"attention=dot needs decoder.hidden_size ({dec.hidden_size}) == 2 * encoder.hidden_size "
-            f"({2 * enc.hidden_size}); use attention=general, which learns the mapping"
-        )
+    score = a.score if a.name in ("local_m", "local_p") else a.name
+    if score in ("dot", "scaled_dot") and dec.hidden_size != 2 * enc.hidden_size:
+        from nmt.models.attention.scores import dot_size_problem
+
+        label = a.name if score == a.name else f"{a.name} with attention.score={score}"
+        problems.append(dot_size_problem(label, dec.hidden_size, 2 * enc.hidden_size))
     if a.name in ("local_m", "local_p"):
         if a.window < 1:
             problems.append(f"attention.window must be >= 1, got {a.window}")
@@ -675,9 +698,17 @@ def _train_problems(cfg: Any) -> list[str]:
 
 def _schedule_problems(t: Any) -> list[str]:
     """trainer.scheduler=budget decays over the run's budget, so it needs one; scheduler=step needs its
-    interval, and its keys do nothing under another scheduler."""
+    interval; a scheduler's keys do nothing under another one; and a decay's floor is below its peak."""
+    problems = []
+    if t.scheduler in ("step", "plateau", "budget") and t.min_lr > t.lr > 0:
+        # step would train at the floor throughout, plateau never decay, budget clamp its decay away
+        problems.append(f"trainer.min_lr={t.min_lr} > trainer.lr={t.lr}: the decay's floor must be below the peak rate")
+    if t.warmup_steps and t.scheduler in ("plateau", "constant"):
+        problems.append(
+            f"trainer.warmup_steps={t.warmup_steps} is for trainer.scheduler=warmup_decay, budget or step "
+            f"(this run: {t.scheduler})"
+        )
     if t.scheduler == "step":
-        problems = []
         if t.decay_every < 1:
             problems.append(
                 f"trainer.scheduler=step multiplies the rate by trainer.decay_factor every trainer.decay_every "
@@ -690,10 +721,9 @@ def _schedule_problems(t: Any) -> list[str]:
         return problems
     if t.decay_every or t.decay_start:
         key = "decay_every" if t.decay_every else "decay_start"
-        return [f"trainer.{key}={getattr(t, key)} is for trainer.scheduler=step (this run: {t.scheduler})"]
+        problems.append(f"trainer.{key}={getattr(t, key)} is for trainer.scheduler=step (this run: {t.scheduler})")
     if t.scheduler != "budget":
-        return []
-    problems = []
+        return problems
     if not t.max_minutes and not t.max_steps:
         problems.append(
             "trainer.scheduler=budget decays the learning rate towards the end of the run's budget: "
@@ -716,8 +746,10 @@ def _finishing_problems(t: Any) -> list[str]:
     if t.tune_decoding:
         if not t.tune_beam_sizes or any(k < 1 for k in t.tune_beam_sizes):
             problems.append(f"trainer.tune_beam_sizes={list(t.tune_beam_sizes)}: expected a list of integers >= 1")
-        if not t.tune_length_penalties:
-            problems.append("trainer.tune_length_penalties=[]: expected at least one length penalty")
+        if not t.tune_length_penalties or any(a < 0 for a in t.tune_length_penalties):
+            problems.append(
+                f"trainer.tune_length_penalties={list(t.tune_length_penalties)}: expected a list of GNMT alphas >= 0"
+            )
     if t.shortlist:
         if t.shortlist_frequent < 0:
             problems.append(f"trainer.shortlist_frequent={t.shortlist_frequent}: expected an integer >= 0")
@@ -811,6 +843,7 @@ _DECODE_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...]
     (("max_input_len",), lambda v: v >= 1, "an integer >= 1"),
     (("no_repeat_ngram",), lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     (("coverage_penalty",), lambda v: v >= 0, "GNMT beta >= 0 (0 = off)"),
+    (("length_penalty",), lambda v: v >= 0, "GNMT alpha >= 0 (0 = the raw log-probability)"),
     (("max_len_ratio", "min_len_ratio"), lambda v: v >= 0, "a number >= 0"),
     (("sample_topk",), lambda v: v >= 0, "an integer >= 0 (0 = all pieces)"),
     (("sample_topp",), lambda v: 0 < v <= 1, "a probability in (0, 1] (1 = all pieces)"),
@@ -822,6 +855,8 @@ def _average_problems(cfg: Any) -> list[str]:
     problems = []
     if not cfg.checkpoints and not cfg.run_dir:
         problems.append("nothing to average: give checkpoints=[A,B,...] or run_dir=DIR")
+    elif cfg.checkpoints and cfg.run_dir:
+        problems.append("give checkpoints=[A,B,...] or run_dir=DIR (with last=N), not both")
     if cfg.run_dir and cfg.last < 1:
         problems.append(f"last={cfg.last}: expected an integer >= 1")
     return problems
@@ -837,13 +872,20 @@ _SERVE_RANGES = (
 )
 
 
+def _one_best_problem(cfg: Any, command: str) -> list[str]:
+    """n_best=N asks for lists only nmt.translate prints; here it would widen the beam and change the score."""
+    if cfg.n_best == 1:
+        return []
+    return [f"n_best={cfg.n_best}: nmt.{command} uses one output per line (nmt.translate prints n-best lists)"]
+
+
 def _evaluate_problems(cfg: Any) -> list[str]:
     problems = _decode_problems(cfg) + _range_problems(cfg, {"": _EVALUATE_RANGES})
-    return problems + columns_problem("columns", cfg.columns)
+    return problems + _one_best_problem(cfg, "evaluate") + columns_problem("columns", cfg.columns)
 
 
 def _serve_problems(cfg: Any) -> list[str]:
-    return _decode_problems(cfg) + _range_problems(cfg, {"": _SERVE_RANGES})
+    return _decode_problems(cfg) + _range_problems(cfg, {"": _SERVE_RANGES}) + _one_best_problem(cfg, "serve")
 
 
 _COMMAND_PROBLEMS = {

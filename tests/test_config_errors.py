@@ -92,14 +92,37 @@ def test_missing_corpus_says_what_to_run(tmp_path):
         ("data.columns=[1,1]", "data.columns=[1, 1]: expected two different 0-based column numbers [SOURCE,TARGET]"),
         ("data.columns=[-1,0]", "data.columns=[-1, 0]: expected two different 0-based column numbers"),
         ("data.columns=[2]", "data.columns=[2]: expected two different 0-based column numbers"),
+        # below: each once ran into the work and failed there, or not at all (the test's docstring below)
+        ("data.max_len=1", "data.max_len=1: expected an integer >= 2 (pairs of max_len pieces or more are left out)"),
+        ("trainer.max_bad_steps=-1", "trainer.max_bad_steps=-1: expected an integer >= 1"),
+        ("attention=location attention.max_positions=0", "attention.max_positions=0: expected an integer >= 1"),
+        ("trainer.warmup_steps=100", "trainer.warmup_steps=100 is for trainer.scheduler=warmup_decay, budget or"),
+        ("trainer.lr=5e-6", "trainer.min_lr=1e-05 > trainer.lr=5e-06: the decay's floor must be below the peak"),
+        ("trainer.allow_changes=[trainer.lrr]", "trainer.allow_changes: 'trainer.lrr' is not a config key (did you"),
+        ("trainer.allow_changes=[lr]", "trainer.allow_changes: 'lr' is not a config key (did you mean trainer.lr?)"),
+        ("trainer.tune_length_penalties=[-0.5,1]", "trainer.tune_length_penalties=[-0.5, 1.0]: expected a list of"),
+        (
+            "attention=scaled_dot decoder.hidden_size=64",
+            "attention=scaled_dot needs decoder.hidden_size (64) == 2 * encoder.hidden_size (512)",
+        ),
+        (
+            "attention=local_p attention.score=dot decoder.hidden_size=64",
+            "attention=local_p with attention.score=dot needs decoder.hidden_size (64) == 2 * encoder.hidden_size",
+        ),
     ],
 )
 def test_numeric_keys_out_of_range_are_refused(override, expect):
+    """data.max_len=1 kept no pair, and the endless stream re-read the corpus for ever before its first batch;
+    max_bad_steps=-1 stopped at step 0 with advice to lower the learning rate; max_positions=0 made every
+    location score -inf (NaN weights); warmup_steps under plateau and a floor above the peak rate were silently
+    ignored; a misspelt allow_changes entry refused the resume it was meant to allow with the same advice; a
+    negative length penalty made stop=exact's bound wrong; scaled_dot and local attention scored by dot failed
+    at model build, after the corpus and sentencepiece."""
     """Checked in the preflight, one line per key (the subprocess case above shows it reaches the user so)."""
     from nmt.cli import COMMANDS, Stop, preflight
 
     with pytest.raises(Stop) as e:
-        preflight(COMMANDS["train"], [override])
+        preflight(COMMANDS["train"], override.split())
     assert len(e.value.lines) == 1 and e.value.lines[0].startswith(expect), e.value.lines
 
 
@@ -122,6 +145,9 @@ def test_tsv_columns_on_a_hub_dataset_are_refused_not_ignored():
         ("evaluate", ["bootstrap_samples=0"], "bootstrap_samples=0: expected an integer >= 1 (sacrebleu uses 1000)"),
         ("translate", ["min_len_ratio=5", "max_len_ratio=1"], "min_len_ratio=5.0 > max_len_ratio=1.0: a long line's"),
         ("evaluate", ["columns=[0,1,2]"], "columns=[0, 1, 2]: expected two different 0-based column numbers"),
+        ("translate", ["length_penalty=-0.5"], "length_penalty=-0.5: expected GNMT alpha >= 0"),
+        ("evaluate", ["n_best=3", "beam_size=5"], "n_best=3: nmt.evaluate uses one output per line (nmt.translate"),
+        ("serve", ["n_best=2"], "n_best=2: nmt.serve uses one output per line"),
     ],
 )
 def test_search_numbers_out_of_range_are_refused(command, overrides, expect):
@@ -141,6 +167,18 @@ def test_the_edges_that_mean_off_are_accepted():
     zeros = ["max_steps", "max_minutes", "patience", "keep_last", "clip_grad", "checkpoint_minutes", "label_smoothing"]
     preflight(COMMANDS["train"], [f"trainer.{k}=0" for k in zeros] + ["trainer.teacher_forcing=1"])
     preflight(COMMANDS["train"], ["data.shuffle_buffer=0", "data.valid_max_sentences=0", "attention.dim=0"])
+    preflight(COMMANDS["train"], ["data.max_len=2", "trainer.allow_changes=[trainer.lr,encoder.]"])
+    preflight(COMMANDS["train"], ["trainer.scheduler=warmup_decay", "trainer.warmup_steps=100", "trainer.lr=5e-6"])
+    preflight(COMMANDS["translate"], ["checkpoint=x.pt", "length_penalty=0", "n_best=3", "beam_size=5"])
+
+
+def test_average_takes_its_checkpoints_from_a_list_or_a_run_not_both():
+    """run_dir=DIR was silently ignored beside checkpoints=[...]."""
+    from nmt.cli import COMMANDS, Stop, preflight
+
+    with pytest.raises(Stop) as e:
+        preflight(COMMANDS["average"], ["output=x.pt", "checkpoints=[a.pt,b.pt]", "run_dir=runs/x"])
+    assert e.value.lines == ["give checkpoints=[A,B,...] or run_dir=DIR (with last=N), not both"], e.value.lines
 
 
 def test_a_corpus_folder_needs_train_and_valid_but_not_test(tmp_path):

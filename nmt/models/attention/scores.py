@@ -15,17 +15,24 @@ from nmt.models.attention.base import Attention, AttentionState
 from nmt.models.attention.registry import register
 
 
+def dot_size_problem(attention: str, query_size: int, key_size: int) -> str:
+    """The message for a dot score between sizes that differ (nmt.config checks it before any work)."""
+    return (
+        f"attention={attention} needs decoder.hidden_size ({query_size}) == 2 * encoder.hidden_size "
+        f"({key_size}); use attention=general, which learns the mapping"
+    )
+
+
 @register("dot")
 class DotAttention(Attention):
     """Luong et al. 2015, eq. 8 (dot): score(h, a) = hᵀa. Needs H == K; has no parameters."""
 
+    label = "dot"
+
     def __init__(self, query_size: int, key_size: int, dim: int):
         super().__init__(query_size, key_size, dim)
         if query_size != key_size:
-            raise ConfigError(
-                f"attention=dot needs decoder.hidden_size ({query_size}) == 2 * encoder.hidden_size "
-                f"({key_size}); use attention=general, which learns the mapping"
-            )
+            raise ConfigError(dot_size_problem(self.label, query_size, key_size))
 
     def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
         return torch.bmm(query, state.proj.transpose(1, 2))  # [B, T, S]
@@ -34,6 +41,8 @@ class DotAttention(Attention):
 @register("scaled_dot")
 class ScaledDotAttention(DotAttention):
     """Dot score scaled by 1/sqrt(H) (Vaswani et al. 2017, eq. 1), keeps softmax unsaturated."""
+
+    label = "scaled_dot"
 
     def score(self, query: torch.Tensor, state: AttentionState) -> torch.Tensor:
         return super().score(query, state) / math.sqrt(self.query_size)
