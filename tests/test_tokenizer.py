@@ -29,6 +29,18 @@ def test_second_run_reuses_the_cached_model(sample_dir, tmp_path, monkeypatch):
         build_tokenizer(tokenizer_cfg(tmp_path, vocab_size=150), spec)
 
 
+def test_a_vocabulary_smaller_than_the_corpus_characters_is_one_line_naming_the_key(sample_dir, tmp_path):
+    """sentencepiece's own RuntimeError (a C++ check and a traceback) came out of the training command."""
+    from nmt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        build_tokenizer(tokenizer_cfg(tmp_path, vocab_size=10), CorpusSpec(str(sample_dir / "train.tsv")))
+    said = str(e.value)
+    assert said.startswith("tokenizer.vocab_size=10: too small for this corpus, whose characters and special pieces")
+    assert said.endswith("raise tokenizer.vocab_size or lower tokenizer.character_coverage (now 1.0)")
+    assert "\n" not in said and int(said.split("need at least ")[1].split(";")[0]) > 10
+
+
 @pytest.mark.parametrize("model_type,joint", [("unigram", True), ("bpe", False)])
 def test_roundtrip_and_serialisation(sample_dir, tmp_path, model_type, joint):
     cfg = tokenizer_cfg(tmp_path, model_type=model_type, joint=joint)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -123,6 +124,14 @@ def _train_one(
             num_threads=usable_cpus(),
             minloglevel=2,
         )
+    except RuntimeError as e:  # sentencepiece's "Vocabulary size is smaller than required_chars. 10 vs 61. ..."
+        if (m := re.search(r"required_chars\. \d+ vs (\d+)", str(e))) is None:
+            raise
+        raise ConfigError(
+            f"tokenizer.vocab_size={vocab_size}: too small for this corpus, whose characters and special pieces "
+            f"need at least {m[1]}; raise tokenizer.vocab_size or lower tokenizer.character_coverage "
+            f"(now {character_coverage})"
+        ) from None
     finally:
         os.unlink(text_path)
     log.info("trained sentencepiece %s (%d pieces) on %d lines", prefix.name, vocab_size, n)
