@@ -796,6 +796,11 @@ def _sampling_problems(tok: Any) -> list[str]:
             f"tokenizer.sample_nbest={tok.sample_nbest}: expected -1 (all segmentations) or 2 to 512 "
             "(the most sentencepiece's n-best search lists)"
         )
+    elif tok.sample_nbest != -1 and (tok.model_type != "unigram" or tok.sample_alpha <= 0):
+        problems.append(  # BPE-dropout has no n-best list, and without sampling nothing is drawn from one
+            f"tokenizer.sample_nbest={tok.sample_nbest} is for unigram subword sampling, tokenizer.sample_alpha > 0 "
+            f"(this run: model_type={tok.model_type}, sample_alpha={tok.sample_alpha})"
+        )
     return problems
 
 

@@ -100,6 +100,7 @@ def test_missing_corpus_says_what_to_run(tmp_path):
         ("trainer.lr=5e-6", "trainer.min_lr=1e-05 > trainer.lr=5e-06: the decay's floor must be below the peak"),
         ("trainer.allow_changes=[trainer.lrr]", "trainer.allow_changes: 'trainer.lrr' is not a config key (did you"),
         ("trainer.allow_changes=[lr]", "trainer.allow_changes: 'lr' is not a config key (did you mean trainer.lr?)"),
+        ("tokenizer.sample_nbest=64", "tokenizer.sample_nbest=64 is for unigram subword sampling, tokenizer.sample_"),
         ("trainer.tune_length_penalties=[-0.5,1]", "trainer.tune_length_penalties=[-0.5, 1.0]: expected a list of"),
         (
             "attention=scaled_dot decoder.hidden_size=64",
