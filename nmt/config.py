@@ -698,11 +698,13 @@ def _train_problems(cfg: Any) -> list[str]:
 
 def _schedule_problems(t: Any) -> list[str]:
     """trainer.scheduler=budget decays over the run's budget, so it needs one; scheduler=step needs its
-    interval; a scheduler's keys do nothing under another one; and a decay's floor is below its peak."""
+    interval, and a floor below its peak; a scheduler's keys do nothing under another one."""
     problems = []
-    if t.scheduler in ("step", "plateau", "budget") and t.min_lr > t.lr > 0:
-        # step would train at the floor throughout, plateau never decay, budget clamp its decay away
-        problems.append(f"trainer.min_lr={t.min_lr} > trainer.lr={t.lr}: the decay's floor must be below the peak rate")
+    if t.scheduler == "step" and t.min_lr > t.lr > 0:  # step_decay's floor, min_lr / lr > 1: above the peak rate
+        problems.append(
+            f"trainer.min_lr={t.min_lr} > trainer.lr={t.lr}: scheduler=step would train at min_lr, above the peak "
+            "rate, throughout; lower trainer.min_lr"
+        )
     if t.warmup_steps and t.scheduler in ("plateau", "constant"):
         problems.append(
             f"trainer.warmup_steps={t.warmup_steps} is for trainer.scheduler=warmup_decay, budget or step "

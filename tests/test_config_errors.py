@@ -97,7 +97,10 @@ def test_missing_corpus_says_what_to_run(tmp_path):
         ("trainer.max_bad_steps=-1", "trainer.max_bad_steps=-1: expected an integer >= 1"),
         ("attention=location attention.max_positions=0", "attention.max_positions=0: expected an integer >= 1"),
         ("trainer.warmup_steps=100", "trainer.warmup_steps=100 is for trainer.scheduler=warmup_decay, budget or"),
-        ("trainer.lr=5e-6", "trainer.min_lr=1e-05 > trainer.lr=5e-06: the decay's floor must be below the peak"),
+        (
+            "trainer.scheduler=step trainer.decay_every=10 trainer.lr=5e-6",
+            "trainer.min_lr=1e-05 > trainer.lr=5e-06: scheduler=step would train at min_lr, above the peak rate",
+        ),
         ("trainer.allow_changes=[trainer.lrr]", "trainer.allow_changes: 'trainer.lrr' is not a config key (did you"),
         ("trainer.allow_changes=[lr]", "trainer.allow_changes: 'lr' is not a config key (did you mean trainer.lr?)"),
         ("tokenizer.sample_nbest=64", "tokenizer.sample_nbest=64 is for unigram subword sampling, tokenizer.sample_"),
@@ -115,10 +118,10 @@ def test_missing_corpus_says_what_to_run(tmp_path):
 def test_numeric_keys_out_of_range_are_refused(override, expect):
     """data.max_len=1 kept no pair, and the endless stream re-read the corpus for ever before its first batch;
     max_bad_steps=-1 stopped at step 0 with advice to lower the learning rate; max_positions=0 made every
-    location score -inf (NaN weights); warmup_steps under plateau and a floor above the peak rate were silently
-    ignored; a misspelt allow_changes entry refused the resume it was meant to allow with the same advice; a
-    negative length penalty made stop=exact's bound wrong; scaled_dot and local attention scored by dot failed
-    at model build, after the corpus and sentencepiece."""
+    location score -inf (NaN weights); warmup_steps under plateau was silently ignored; scheduler=step with
+    its floor above the peak trained at the floor; a misspelt allow_changes entry refused the resume it was
+    meant to allow with the same advice; a negative length penalty made stop=exact's bound wrong; scaled_dot
+    and local attention scored by dot failed at model build, after the corpus and sentencepiece."""
     """Checked in the preflight, one line per key (the subprocess case above shows it reaches the user so)."""
     from nmt.cli import COMMANDS, Stop, preflight
 
@@ -170,6 +173,7 @@ def test_the_edges_that_mean_off_are_accepted():
     preflight(COMMANDS["train"], ["data.shuffle_buffer=0", "data.valid_max_sentences=0", "attention.dim=0"])
     preflight(COMMANDS["train"], ["data.max_len=2", "trainer.allow_changes=[trainer.lr,encoder.]"])
     preflight(COMMANDS["train"], ["trainer.scheduler=warmup_decay", "trainer.warmup_steps=100", "trainer.lr=5e-6"])
+    preflight(COMMANDS["train"], ["trainer.lr=1e-12"])  # plateau: the floor above the rate only means no halving
     preflight(COMMANDS["translate"], ["checkpoint=x.pt", "length_penalty=0", "n_best=3", "beam_size=5"])
 
 
