@@ -461,8 +461,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 BUILTIN_ATTENTIONS = (
     "bahdanau", "concat", "coverage", "dot", "general", "local_m", "local_p", "location", "multihead", "scaled_dot",
 )  # fmt: skip
-# Those that score every position at once and are not local themselves: what local_m / local_p score with.
-BUILTIN_SCORES = ("bahdanau", "concat", "dot", "general", "location", "multihead", "scaled_dot")
+# What local_m / local_p score with (nmt.models.attention.registry.scores_alone): those that give one score per
+# position for every position at once and are not local themselves (not multihead: a softmax per head).
+BUILTIN_SCORES = ("bahdanau", "concat", "dot", "general", "location", "scaled_dot")
 
 
 def selection_gain(metric: str, record: dict) -> float:
@@ -488,8 +489,7 @@ def allowed(key: str) -> tuple[str, ...]:
         more = {k: c for k, c in (registry.ATTENTIONS if registry else {}).items() if k not in BUILTIN_ATTENTIONS}
         if key == "attention.name":
             return tuple(sorted({*BUILTIN_ATTENTIONS, *more}))
-        local = {k for k, c in more.items() if any(b.__name__ == "LocalAttention" for b in c.__mro__)}
-        return tuple(sorted({*BUILTIN_SCORES, *(k for k, c in more.items() if c.parallel and k not in local)}))
+        return tuple(sorted({*BUILTIN_SCORES, *(k for k, c in more.items() if registry.scores_alone(c))}))
     return CHOICES.get(key, ())
 
 

@@ -117,6 +117,29 @@ def test_local_weights_match_formula(name, seeded):
                     assert w[b, t, s] == 0.0  # exactly zero outside the window and on padding
 
 
+@pytest.mark.parametrize("name", LOCAL)
+@torch.no_grad()
+def test_every_score_the_config_allows_runs_inside_local_attention(name, seeded):
+    """attention.score=multihead passed the config check and raised NotImplementedError at the first batch
+    (it has a softmax per head, no one score); every score the config allows must run, step by step as in
+    one call, and leave exactly zero outside the window."""
+    from nmt.config import allowed
+
+    q, keys, mask = random_inputs()
+    for score in allowed("attention.score"):
+        attn = build_attention(name, H, K, dim=6, window=1, score=score)
+        state = attn.prepare(keys, mask)
+        _, w_all = attn(q, state)
+        assert torch.isfinite(w_all).all() and (w_all[~mask.unsqueeze(1).expand_as(w_all)] == 0).all(), score
+        assert ((w_all > 0).sum(-1) <= 3).all(), score  # a window of half-width 1: at most 3 positions
+        for t in range(T):
+            _, w = attn(q[:, t], state)
+            torch.testing.assert_close(w, w_all[:, t])
+            state = attn.advance(state, w)
+    with pytest.raises(ValueError, match="attention.score='multihead' cannot score local attention"):
+        build_attention(name, H, K, score="multihead")
+
+
 def test_multihead_matches_formula(seeded):
     q, keys, mask = random_inputs()
     heads, dim = 2, 6

@@ -403,15 +403,19 @@ def test_the_built_in_attention_choices_are_the_registrys():
     from nmt.config import BUILTIN_ATTENTIONS, BUILTIN_SCORES, allowed
     from nmt.models.attention import ATTENTIONS
     from nmt.models.attention.local import LocalAttention
+    from nmt.models.attention.registry import scores_alone
 
     assert sorted(BUILTIN_ATTENTIONS) == sorted(ATTENTIONS)
-    scores = sorted(k for k, c in ATTENTIONS.items() if c.parallel and not issubclass(c, LocalAttention))
+    scores = sorted(k for k, c in ATTENTIONS.items() if scores_alone(c))
     assert sorted(BUILTIN_SCORES) == scores
+    assert not any(issubclass(ATTENTIONS[k], LocalAttention) or not ATTENTIONS[k].parallel for k in scores)
     assert allowed("attention.name") == tuple(sorted(ATTENTIONS)) and allowed("attention.score") == tuple(scores)
     # an attention registered by other code (a plugin module imported before the config is checked) is allowed
 
     class Extra:
         parallel = True
+
+        def score(self, query, state): ...
 
     ATTENTIONS["extra_for_this_test"] = Extra
     try:

@@ -113,6 +113,10 @@ def test_missing_corpus_says_what_to_run(tmp_path):
             "attention=local_p attention.score=dot decoder.hidden_size=64",
             "attention=local_p with attention.score=dot needs decoder.hidden_size (64) == 2 * encoder.hidden_size",
         ),
+        (
+            "attention=local_m attention.score=multihead",
+            "attention.score='multihead' cannot score local attention; choose one of bahdanau, concat, dot, general,",
+        ),
     ],
 )
 def test_numeric_keys_out_of_range_are_refused(override, expect):
@@ -121,8 +125,9 @@ def test_numeric_keys_out_of_range_are_refused(override, expect):
     location score -inf (NaN weights); warmup_steps under plateau was silently ignored; scheduler=step with
     its floor above the peak trained at the floor; a misspelt allow_changes entry refused the resume it was
     meant to allow with the same advice; a negative length penalty made stop=exact's bound wrong; scaled_dot
-    and local attention scored by dot failed at model build, after the corpus and sentencepiece."""
-    """Checked in the preflight, one line per key (the subprocess case above shows it reaches the user so)."""
+    and local attention scored by dot failed at model build, after the corpus and sentencepiece; local attention
+    scored by multihead (a softmax per head, no one score) raised NotImplementedError at the first batch.
+    Checked in the preflight, one line per key (the subprocess case above shows it reaches the user so)."""
     from nmt.cli import COMMANDS, Stop, preflight
 
     with pytest.raises(Stop) as e:

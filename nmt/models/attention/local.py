@@ -19,7 +19,7 @@ from torch import nn
 
 from nmt.errors import ConfigError
 from nmt.models.attention.base import Attention, AttentionState
-from nmt.models.attention.registry import ATTENTIONS, register
+from nmt.models.attention.registry import ATTENTIONS, register, scores_alone
 
 
 class LocalAttention(Attention):
@@ -28,8 +28,8 @@ class LocalAttention(Attention):
         if window < 1:
             raise ConfigError(f"attention.window must be >= 1, got {window}")
         inner = ATTENTIONS.get(score)
-        if inner is None or issubclass(inner, LocalAttention) or not inner.parallel:
-            choices = sorted(k for k, c in ATTENTIONS.items() if c.parallel and not issubclass(c, LocalAttention))
+        if inner is None or not scores_alone(inner):
+            choices = sorted(k for k, c in ATTENTIONS.items() if scores_alone(c))
             raise ConfigError(f"attention.score={score!r} cannot score local attention; choose one of {choices}")
         self.inner = inner(query_size, key_size, dim)
         self.window, self.sigma = window, window / 2.0

@@ -20,6 +20,18 @@ def register(name: str) -> Callable[[type], type]:
     return wrap
 
 
+def scores_alone(cls: type) -> bool:
+    """Whether ``cls`` can be the score inside local attention's window (``attention.score`` of local_m /
+    local_p): it scores every target position at once (``parallel``), is not local itself, and defines
+    ``score``, one [B, T, S] score per position. ``multihead`` does not: it has a softmax per head."""
+    own = [b for b in cls.__mro__ if b.__name__ != "Attention"]
+    return (
+        bool(getattr(cls, "parallel", False))
+        and not any(b.__name__ == "LocalAttention" for b in cls.__mro__)
+        and any("score" in vars(b) for b in own)
+    )
+
+
 def build_attention(name: str, query_size: int, key_size: int, dim: int = 0, **options):
     """The registered class for ``name``; ``dim`` 0 means the query (decoder) size.
 
