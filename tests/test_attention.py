@@ -140,6 +140,12 @@ def test_every_score_the_config_allows_runs_inside_local_attention(name, seeded)
         build_attention(name, H, K, score="multihead")
 
 
+def test_local_attention_hands_its_score_that_scores_options():
+    """local_m/local_p scored by location built it with 256 positions whatever attention.max_positions said."""
+    attn = build_attention("local_p", H, K, dim=6, window=2, score="location", max_positions=7, heads=3)
+    assert attn.inner.W.out_features == 7 and attn.window == 2
+
+
 def test_multihead_matches_formula(seeded):
     q, keys, mask = random_inputs()
     heads, dim = 2, 6

@@ -19,11 +19,13 @@ from torch import nn
 
 from nmt.errors import ConfigError
 from nmt.models.attention.base import Attention, AttentionState
-from nmt.models.attention.registry import ATTENTIONS, register, scores_alone
+from nmt.models.attention.registry import ATTENTIONS, accepted_options, register, scores_alone
 
 
 class LocalAttention(Attention):
-    def __init__(self, query_size: int, key_size: int, dim: int, window: int = 5, score: str = "general"):
+    """``options``: those of the inner score (``attention.max_positions`` for ``score=location``)."""
+
+    def __init__(self, query_size: int, key_size: int, dim: int, window: int = 5, score: str = "general", **options):
         super().__init__(query_size, key_size, dim)
         if window < 1:
             raise ConfigError(f"attention.window must be >= 1, got {window}")
@@ -31,7 +33,7 @@ class LocalAttention(Attention):
         if inner is None or not scores_alone(inner):
             choices = sorted(k for k, c in ATTENTIONS.items() if scores_alone(c))
             raise ConfigError(f"attention.score={score!r} cannot score local attention; choose one of {choices}")
-        self.inner = inner(query_size, key_size, dim)
+        self.inner = inner(query_size, key_size, dim, **accepted_options(inner, options))
         self.window, self.sigma = window, window / 2.0
 
     def project_keys(self, keys: torch.Tensor, products) -> torch.Tensor:
@@ -65,8 +67,8 @@ class LocalMonotonicAttention(LocalAttention):
 
 @register("local_p")
 class LocalPredictiveAttention(LocalAttention):
-    def __init__(self, query_size: int, key_size: int, dim: int, window: int = 5, score: str = "general"):
-        super().__init__(query_size, key_size, dim, window, score)
+    def __init__(self, query_size: int, key_size: int, dim: int, window: int = 5, score: str = "general", **options):
+        super().__init__(query_size, key_size, dim, window, score, **options)
         self.W_p = nn.Linear(query_size, dim, bias=False)
         self.v_p = nn.Linear(dim, 1, bias=False)
 

@@ -36,10 +36,18 @@ def build_attention(name: str, query_size: int, key_size: int, dim: int = 0, **o
     """The registered class for ``name``; ``dim`` 0 means the query (decoder) size.
 
     ``options`` (window, score, heads, max_positions, ...) go to the classes whose
-    constructor takes them; the others ignore them.
+    constructor takes them (``accepted_options``); the others ignore them.
     """
     if name not in ATTENTIONS:
         raise ConfigError(f"attention.name={name!r} is unknown; choose one of {sorted(ATTENTIONS)}")
     cls = ATTENTIONS[name]
-    accepted = inspect.signature(cls.__init__).parameters
-    return cls(query_size, key_size, dim or query_size, **{k: v for k, v in options.items() if k in accepted})
+    return cls(query_size, key_size, dim or query_size, **accepted_options(cls, options))
+
+
+def accepted_options(cls: type, options: dict) -> dict:
+    """The ``options`` that ``cls``'s constructor takes: all of them when it takes ``**options`` (local
+    attention, which hands its inner score the ones that score takes)."""
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(options)
+    return {k: v for k, v in options.items() if k in params}
