@@ -54,6 +54,7 @@ from nmt.config import (
     register_configs,
     schema_keys,
     shell_quote,
+    unread_settings,
     validate,
 )
 from nmt.errors import CheckpointError, NmtError
@@ -355,10 +356,14 @@ def wrong_sweep_value(cmd: Command, key: str, value: Any) -> str | None:
     return None
 
 
-def preflight(cmd: Command, overrides: Sequence[str], multirun: bool = True) -> Any:
+def preflight(
+    cmd: Command, overrides: Sequence[str], multirun: bool = True, warn: Callable[[str], Any] | None = None
+) -> Any:
     """Compose the config the way Hydra will and check it in full; raise Stop listing every mistake. Returns
     the composed config (without the ``hydra`` section and any ``hydra.*`` overrides; a sweep's first job's).
-    ``multirun``: ``-m`` was given, so ``key=a,b`` sweeps (without it such a value is refused)."""
+    ``multirun``: ``-m`` was given, so ``key=a,b`` sweeps (without it such a value is refused). ``warn`` gets
+    one line for each key set here that the run does not read (nmt.config.unread_settings), once the config
+    has passed."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -385,14 +390,20 @@ def preflight(cmd: Command, overrides: Sequence[str], multirun: bool = True) -> 
     jobs = sweep_jobs_to_check(swept)
     register_configs()
     found: dict[str, list[tuple[str, ...]]] = {}
+    unread: dict[str, list[tuple[str, ...]]] = {}
+    keys = [o.key_or_group for o in ours if not o.is_delete()]
     cfg = None
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=cmd.name):
         for job in jobs:
             cfg, problems = _check_job(cmd, compose, [*fixed, *job])
             for line in problems:
                 found.setdefault(line, []).append(job)
+            for line in unread_settings(cfg, keys) if cfg is not None else ():
+                unread.setdefault(line, []).append(job)
     if found:
         raise Stop(naming_jobs(found, len(jobs)))
+    for line in naming_jobs(unread, len(jobs)) if warn else ():
+        warn(line)
     return cfg
 
 
@@ -499,6 +510,10 @@ def console_logging() -> None:
     logging.config.dictConfig(spec)
 
 
+def _warn(cmd: Command, line: str) -> None:
+    print(f"[{cmd.module}][WARNING] - {line}", file=sys.stderr)
+
+
 def _fail(cmd: Command, lines: Sequence[str]) -> None:
     for line in lines:
         print(f"[{cmd.module}][ERROR] - {line}", file=sys.stderr)
@@ -523,7 +538,7 @@ def launch(
     passthrough = (args.hydra_help, args.cfg, args.info, args.shell_completion, args.config_path, args.config_name)
     if not any(passthrough) and not args.config_dir and not args.experimental_rerun:
         try:
-            cfg = preflight(cmd, args.overrides, multirun=args.multirun)
+            cfg = preflight(cmd, args.overrides, multirun=args.multirun, warn=functools.partial(_warn, cmd))
         except Stop as e:
             _fail(cmd, e.lines)
         if task is not None and runs_in_place(cmd, argv):

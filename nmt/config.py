@@ -16,7 +16,7 @@ import math
 import re
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -694,6 +694,60 @@ def _train_problems(cfg: Any) -> list[str]:
         width = a.dim or dec.hidden_size
         problems.append(f"attention.heads={a.heads} must divide the scoring width attention.dim={width}")
     return problems
+
+
+# Keys that only some settings read: key -> (the key that decides, the values under which it is read). Their
+# defaults are always there, so a value is only worth a word when the user set it (unread_settings). (Keys
+# whose default means "off", such as trainer.momentum or trainer.decay_every, are refused instead when set where
+# nothing reads them: _optimizer_problems, _schedule_problems.)
+READ_ONLY_UNDER: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "attention.heads": ("attention.name", ("multihead",)),
+    "attention.window": ("attention.name", ("local_m", "local_p")),
+    "attention.score": ("attention.name", ("local_m", "local_p")),
+    "attention.max_positions": ("attention.name", ("location",)),  # and local attention scored by location
+    "decoder.input_feeding": ("decoder.order", ("luong",)),
+    "encoder.layer_norm_gain": ("encoder.layer_norm", (True,)),
+    "decoder.layer_norm_gain": ("decoder.layer_norm", (True,)),
+    "trainer.betas": ("trainer.optimizer", ("adam", "adamw")),  # nmt.training.OPTIMIZERS
+    "trainer.rho": ("trainer.optimizer", ("adadelta",)),
+    "trainer.decay_fraction": ("trainer.scheduler", ("budget",)),  # nmt.training.build_scheduler
+    "trainer.decay_factor": ("trainer.scheduler", ("step",)),
+    "trainer.plateau_factor": ("trainer.scheduler", ("plateau",)),
+    "trainer.plateau_patience": ("trainer.scheduler", ("plateau",)),
+}
+
+
+def _shown(value: Any) -> Any:
+    """A value as the command line writes it (true, not True; [0.8, 0.9], not a ListConfig)."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_list(value):
+        return list(value)
+    return str(value).lower() if isinstance(value, bool) else value
+
+
+def unread_settings(cfg: Any, keys: Sequence[str]) -> list[str]:
+    """One line for each of ``keys`` (those the user set: command-line overrides) that this config does not
+    read, e.g. ``attention.heads=8 is not read: it is for attention=multihead (this run: bahdanau)``. A
+    warning, not an error: a sweep may set it for the jobs that do read it."""
+    from omegaconf import OmegaConf
+
+    lines = []
+    for key in keys:
+        if key not in READ_ONLY_UNDER or (value := OmegaConf.select(cfg, key, default=None)) is None:
+            continue
+        decider, values = READ_ONLY_UNDER[key]
+        now = OmegaConf.select(cfg, decider, default=None)
+        label = "attention" if decider == "attention.name" else decider  # as the command line chooses it
+        reader = f"{label}={' or '.join(str(_shown(v)) for v in values)}"
+        if key == "attention.max_positions":
+            if cfg.attention.name in ("local_m", "local_p") and cfg.attention.score == "location":
+                continue
+            reader += ", or local attention with attention.score=location"
+        if now is None or now in values:
+            continue
+        lines.append(f"{key}={_shown(value)} is not read: it is for {reader} (this run: {_shown(now)})")
+    return lines
 
 
 def _schedule_problems(t: Any) -> list[str]:

@@ -390,3 +390,98 @@ def test_a_value_of_the_wrong_type_says_what_the_key_takes(command, override, ex
     with pytest.raises(Stop) as e:
         preflight(COMMANDS[command], ["checkpoint=x.pt", override] if command == "translate" else [override])
     assert e.value.lines == [expect]
+
+
+UNREAD = "is not read: it is for"
+
+
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        (
+            "attention=bahdanau attention.heads=8",
+            [f"attention.heads=8 {UNREAD} attention=multihead (this run: bahdanau)"],
+        ),
+        ("attention=multihead attention.heads=8", []),
+        (
+            "attention.window=3 attention.score=dot",
+            [
+                f"attention.window=3 {UNREAD} attention=local_m or local_p (this run: bahdanau)",
+                f"attention.score=dot {UNREAD} attention=local_m or local_p (this run: bahdanau)",
+            ],
+        ),
+        (
+            "attention=local_m attention.max_positions=64",
+            [
+                f"attention.max_positions=64 {UNREAD} attention=location, or local attention with "
+                "attention.score=location (this run: local_m)"
+            ],
+        ),
+        ("attention=local_p attention.score=location attention.max_positions=64", []),
+        (
+            "decoder.input_feeding=false",
+            [f"decoder.input_feeding=false {UNREAD} decoder.order=luong (this run: bahdanau)"],
+        ),
+        ("decoder=luong decoder.input_feeding=false", []),
+        (
+            "encoder.layer_norm_gain=0.1",
+            [f"encoder.layer_norm_gain=0.1 {UNREAD} encoder.layer_norm=true (this run: false)"],
+        ),
+        ("experiment=cpu_best decoder.layer_norm_gain=1", []),
+        (
+            "trainer.optimizer=sgd trainer.betas=[0.8,0.9]",
+            [f"trainer.betas=[0.8, 0.9] {UNREAD} trainer.optimizer=adam or adamw (this run: sgd)"],
+        ),
+        ("trainer.rho=0.9", [f"trainer.rho=0.9 {UNREAD} trainer.optimizer=adadelta (this run: adam)"]),
+        (
+            "trainer.decay_fraction=0.5",
+            [f"trainer.decay_fraction=0.5 {UNREAD} trainer.scheduler=budget (this run: plateau)"],
+        ),
+        ("trainer.scheduler=budget trainer.max_steps=9 trainer.decay_fraction=0.5", []),
+        ("trainer.decay_factor=0.1", [f"trainer.decay_factor=0.1 {UNREAD} trainer.scheduler=step (this run: plateau)"]),
+        (
+            "trainer.scheduler=budget trainer.max_steps=9 trainer.plateau_patience=3",
+            [f"trainer.plateau_patience=3 {UNREAD} trainer.scheduler=plateau (this run: budget)"],
+        ),
+        (
+            "attention=bahdanau,multihead attention.heads=2",
+            [
+                f"in the sweep's job attention=bahdanau: attention.heads=2 {UNREAD} attention=multihead "
+                "(this run: bahdanau)"
+            ],
+        ),
+    ],
+)
+def test_a_key_set_where_nothing_reads_it_is_named_before_the_run(overrides, expect):
+    """attention.heads with another attention, decoder.input_feeding in Bahdanau order, Adam's betas under SGD, ...:
+    their defaults are always in the config, so a set value was ignored without a word (a sweep over one ran
+    identical jobs). Each set on the command line where nothing reads it is now one warning line; a value that is
+    read, or the same key in a preset, says nothing; a sweep names the jobs that do not read it."""
+    from nmt.cli import COMMANDS, preflight
+
+    lines: list[str] = []
+    preflight(COMMANDS["train"], overrides.split(), warn=lines.append)
+    assert lines == expect
+
+
+def test_the_keys_only_some_settings_read_match_what_reads_them():
+    """nmt.config.READ_ONLY_UNDER (checked without torch) against the optimizers' own keys in nmt.training."""
+    from nmt.config import READ_ONLY_UNDER, TrainConfig, schema_keys
+    from nmt.training import OPTIMIZERS
+
+    keys = schema_keys(TrainConfig)
+    assert all(k in keys and decider in keys for k, (decider, _) in READ_ONLY_UNDER.items())
+    for key in ("trainer.betas", "trainer.rho"):
+        readers = {name for name, (_, extra) in OPTIMIZERS.items() if key.split(".")[1] in extra}
+        assert set(READ_ONLY_UNDER[key][1]) == readers, key
+
+
+def test_the_warning_reaches_the_user_and_the_run_goes_on(tmp_path, sample_dir):
+    proc = run_module(
+        "nmt.train",
+        [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=2", "attention.heads=2", f"hydra.run.dir={tmp_path}/run"],
+        tmp_path / "cache",
+    )
+    line = f"[nmt.train][WARNING] - attention.heads=2 {UNREAD} attention=multihead (this run: bahdanau)"
+    assert line in proc.stderr.splitlines(), proc.stderr[:2000]
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
