@@ -704,7 +704,8 @@ READ_ONLY_UNDER: dict[str, tuple[str, tuple[Any, ...]]] = {
     "attention.heads": ("attention.name", ("multihead",)),
     "attention.window": ("attention.name", ("local_m", "local_p")),
     "attention.score": ("attention.name", ("local_m", "local_p")),
-    "attention.max_positions": ("attention.name", ("location",)),  # and local attention scored by location
+    "attention.max_positions": ("attention.name", ("location",)),  # and local attention scored so: below
+    "attention.dim": ("attention.name", ("bahdanau", "concat", "coverage", "local_p", "multihead")),
     "decoder.input_feeding": ("decoder.order", ("luong",)),
     "encoder.layer_norm_gain": ("encoder.layer_norm", (True,)),
     "decoder.layer_norm_gain": ("decoder.layer_norm", (True,)),
@@ -714,6 +715,12 @@ READ_ONLY_UNDER: dict[str, tuple[str, tuple[Any, ...]]] = {
     "trainer.decay_factor": ("trainer.scheduler", ("step",)),
     "trainer.plateau_factor": ("trainer.scheduler", ("plateau",)),
     "trainer.plateau_patience": ("trainer.scheduler", ("plateau",)),
+}
+
+# ... and the attention keys local_m / local_p hand their inner score (attention.score): key -> the scores that read it.
+READ_BY_LOCAL_SCORE: dict[str, tuple[str, ...]] = {
+    "attention.max_positions": ("location",),
+    "attention.dim": ("bahdanau", "concat"),
 }
 
 
@@ -740,10 +747,11 @@ def unread_settings(cfg: Any, keys: Sequence[str]) -> list[str]:
         now = OmegaConf.select(cfg, decider, default=None)
         label = "attention" if decider == "attention.name" else decider  # as the command line chooses it
         reader = f"{label}={' or '.join(str(_shown(v)) for v in values)}"
-        if key == "attention.max_positions":
-            if cfg.attention.name in ("local_m", "local_p") and cfg.attention.score == "location":
+        if key in READ_BY_LOCAL_SCORE:
+            scores = READ_BY_LOCAL_SCORE[key]
+            if cfg.attention.name in ("local_m", "local_p") and cfg.attention.score in scores:
                 continue
-            reader += ", or local attention with attention.score=location"
+            reader += f", or local attention with attention.score={' or '.join(scores)}"
         if now is None or now in values:
             continue
         lines.append(f"{key}={_shown(value)} is not read: it is for {reader} (this run: {_shown(now)})")

@@ -411,6 +411,13 @@ UNREAD = "is not read: it is for"
             ],
         ),
         (
+            "attention=general attention.dim=128",
+            [
+                f"attention.dim=128 {UNREAD} attention=bahdanau or concat or coverage or "
+                "local_p or multihead, or local attention with attention.score=bahdanau or concat (this run: general)"
+            ],
+        ),
+        (
             "attention=local_m attention.max_positions=64",
             [
                 f"attention.max_positions=64 {UNREAD} attention=location, or local attention with "
@@ -474,6 +481,30 @@ def test_the_keys_only_some_settings_read_match_what_reads_them():
     for key in ("trainer.betas", "trainer.rho"):
         readers = {name for name, (_, extra) in OPTIMIZERS.items() if key.split(".")[1] in extra}
         assert set(READ_ONLY_UNDER[key][1]) == readers, key
+
+
+def test_the_attention_keys_are_called_read_exactly_where_they_shape_the_model():
+    """For every attention, and local attention with every score it takes: a key that unread_settings calls unread
+    leaves the built module as it was, and a key it calls read changes its parameters' shapes."""
+    from omegaconf import OmegaConf
+
+    from nmt.config import allowed, unread_settings
+    from nmt.models.attention import build_attention
+
+    base, other = {"dim": 12, "heads": 4, "max_positions": 16}, {"dim": 24, "heads": 2, "max_positions": 32}
+    combos = [(n, "general") for n in allowed("attention.name") if not n.startswith("local_")]
+    combos += [(n, s) for n in ("local_m", "local_p") for s in allowed("attention.score")]
+
+    def shapes(name: str, score: str, **change) -> dict:
+        options = {**base, **change}
+        module = build_attention(name, 8, 8, options.pop("dim"), score=score, window=2, **options)
+        return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+    for name, score in combos:
+        for key, value in other.items():
+            cfg = OmegaConf.create({"attention": {"name": name, "score": score, **base, key: value}})
+            read = not unread_settings(cfg, [f"attention.{key}"])
+            assert (shapes(name, score, **{key: value}) != shapes(name, score)) == read, (name, score, key)
 
 
 def test_the_warning_reaches_the_user_and_the_run_goes_on(tmp_path, sample_dir):
