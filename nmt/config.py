@@ -461,6 +461,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 BUILTIN_ATTENTIONS = (
     "bahdanau", "concat", "coverage", "dot", "general", "local_m", "local_p", "location", "multihead", "scaled_dot",
 )  # fmt: skip
+LOCAL_ATTENTIONS = ("local_m", "local_p")  # attend within a window, scored by attention.score
 # What local_m / local_p score with (nmt.models.attention.registry.scores_alone): those that give one score per
 # position for every position at once and are not local themselves (not multihead: a softmax per head).
 BUILTIN_SCORES = ("bahdanau", "concat", "dot", "general", "location", "scaled_dot")
@@ -676,13 +677,13 @@ def _train_problems(cfg: Any) -> list[str]:
         )
     problems += _model_problems(cfg)
     problems += _sampling_problems(cfg.tokenizer)
-    score = a.score if a.name in ("local_m", "local_p") else a.name
+    score = a.score if a.name in LOCAL_ATTENTIONS else a.name
     if score in ("dot", "scaled_dot") and dec.hidden_size != 2 * enc.hidden_size:
         from nmt.models.attention.scores import dot_size_problem
 
         label = a.name if score == a.name else f"{a.name} with attention.score={score}"
         problems.append(dot_size_problem(label, dec.hidden_size, 2 * enc.hidden_size))
-    if a.name in ("local_m", "local_p"):
+    if a.name in LOCAL_ATTENTIONS:
         if a.window < 1:
             problems.append(f"attention.window must be >= 1, got {a.window}")
         if a.score not in allowed("attention.score"):
@@ -702,8 +703,8 @@ def _train_problems(cfg: Any) -> list[str]:
 # nothing reads them: _optimizer_problems, _schedule_problems.)
 READ_ONLY_UNDER: dict[str, tuple[str, tuple[Any, ...]]] = {
     "attention.heads": ("attention.name", ("multihead",)),
-    "attention.window": ("attention.name", ("local_m", "local_p")),
-    "attention.score": ("attention.name", ("local_m", "local_p")),
+    "attention.window": ("attention.name", LOCAL_ATTENTIONS),
+    "attention.score": ("attention.name", LOCAL_ATTENTIONS),
     "attention.max_positions": ("attention.name", ("location",)),  # and local attention scored so: below
     "attention.dim": ("attention.name", ("bahdanau", "concat", "coverage", "local_p", "multihead")),
     "decoder.input_feeding": ("decoder.order", ("luong",)),
@@ -745,15 +746,13 @@ def unread_settings(cfg: Any, keys: Sequence[str]) -> list[str]:
             continue
         decider, values = READ_ONLY_UNDER[key]
         now = OmegaConf.select(cfg, decider, default=None)
+        scores = READ_BY_LOCAL_SCORE.get(key, ())
+        if now is None or now in values or (now in LOCAL_ATTENTIONS and cfg.attention.score in scores):
+            continue
         label = "attention" if decider == "attention.name" else decider  # as the command line chooses it
         reader = f"{label}={' or '.join(str(_shown(v)) for v in values)}"
-        if key in READ_BY_LOCAL_SCORE:
-            scores = READ_BY_LOCAL_SCORE[key]
-            if cfg.attention.name in ("local_m", "local_p") and cfg.attention.score in scores:
-                continue
+        if scores:
             reader += f", or local attention with attention.score={' or '.join(scores)}"
-        if now is None or now in values:
-            continue
         lines.append(f"{key}={_shown(value)} is not read: it is for {reader} (this run: {_shown(now)})")
     return lines
 
