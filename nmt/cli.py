@@ -391,7 +391,7 @@ def preflight(
     register_configs()
     found: dict[str, list[tuple[str, ...]]] = {}
     unread: dict[str, list[tuple[str, ...]]] = {}
-    keys = [o.key_or_group for o in ours if not o.is_delete()]
+    keys = _keys_set(ours)
     cfg = None
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=cmd.name):
         for job in jobs:
@@ -405,6 +405,26 @@ def preflight(
     for line in naming_jobs(unread, len(jobs)) if warn else ():
         warn(line)
     return cfg
+
+
+def _keys_set(parsed: Sequence[Any]) -> list[str]:
+    """The config keys that parsed overrides set (Hydra's own and deletions left out)."""
+    return [o.key_or_group for o in parsed if not o.is_delete() and not o.key_or_group.startswith("hydra")]
+
+
+def keys_set(overrides: Sequence[str]) -> list[str]:
+    """The config keys a command line's overrides set, e.g. ``["attention", "attention.heads"]``: what
+    nmt.config.unread_settings looks at. ``overrides`` have passed the preflight, so they parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return _keys_set(OverridesParser.create().parse_overrides(list(overrides)))
+
+
+def job_overrides() -> list[str]:
+    """This Hydra job's command-line overrides (a sweep job's with its own values); none outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 SWEEP_JOBS_CHECKED = 32  # ~0.08 s a job: a 64-job preflight took 5 s (2-core family-26 EPYC, 2026-11-28)
@@ -521,10 +541,12 @@ def _fail(cmd: Command, lines: Sequence[str]) -> None:
 
 
 def launch(
-    cmd: Command, hydra_main: Callable[[], Any], argv: Sequence[str], task: Callable[[Any], Any] | None = None
+    cmd: Command, hydra_main: Callable[[], Any], argv: Sequence[str], task: Callable[..., Any] | None = None
 ) -> Any:
     """``--help``, then the checks, then Hydra (which parses ``sys.argv`` again, as it always has); or, for a
-    single run of a command that needs no run directory (``runs_in_place``), ``task`` on the checked config."""
+    single run of a command that needs no run directory (``runs_in_place``), ``task(config, overrides)`` on the
+    checked config. A ``-m`` sweep's keys that some jobs do not read are named here, before its first job; a job
+    names its own as it starts (in its log)."""
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(list(argv))
@@ -538,12 +560,13 @@ def launch(
     passthrough = (args.hydra_help, args.cfg, args.info, args.shell_completion, args.config_path, args.config_name)
     if not any(passthrough) and not args.config_dir and not args.experimental_rerun:
         try:
-            cfg = preflight(cmd, args.overrides, multirun=args.multirun, warn=functools.partial(_warn, cmd))
+            warn = functools.partial(_warn, cmd) if args.multirun else None
+            cfg = preflight(cmd, args.overrides, multirun=args.multirun, warn=warn)
         except Stop as e:
             _fail(cmd, e.lines)
         if task is not None and runs_in_place(cmd, argv):
             console_logging()
-            return task(cfg)
+            return task(cfg, args.overrides)
     return hydra_main()
 
 
@@ -559,17 +582,20 @@ def skip_exit_collection() -> None:
 
 def command(name: str) -> Callable[[Callable[[Any], Any]], Callable[[], Any]]:
     """Decorator for a command's task function (it replaces ``@hydra.main``): the returned function
-    launches the command from ``sys.argv``. Each (sweep) job's config is validated again as it starts,
-    and an ``NmtError`` anywhere in the task becomes one logged line and exit status 2."""
+    launches the command from ``sys.argv``. Each (sweep) job's config is validated again as it starts, a key
+    its command line sets that it does not read is one warning in its log (the console and train.log), and an
+    ``NmtError`` anywhere in the task becomes one logged line and exit status 2."""
     cmd = COMMANDS[name]
 
     def wrap(task: Callable[[Any], Any]) -> Callable[[], Any]:
         log = logging.getLogger(cmd.module)
 
         @functools.wraps(task)  # Hydra names the job (and train.log) after the unwrapped function's file
-        def job(cfg: Any) -> Any:
+        def job(cfg: Any, overrides: Sequence[str] | None = None) -> Any:
             try:
                 validate(cfg, cmd.name)
+                for line in unread_settings(cfg, keys_set(job_overrides() if overrides is None else overrides)):
+                    log.warning("%s", line)
                 return task(cfg)
             except NmtError as e:
                 for line in str(e).splitlines():

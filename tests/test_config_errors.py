@@ -507,12 +507,19 @@ def test_the_attention_keys_are_called_read_exactly_where_they_shape_the_model()
             assert (shapes(name, score, **{key: value}) != shapes(name, score)) == read, (name, score, key)
 
 
+def warnings_in(log: str) -> list[str]:
+    """A log's lines that name an unread key, from the logger's name on (the time before it left out)."""
+    return [x[x.index("[nmt.") :] for x in log.splitlines() if UNREAD in x]
+
+
 def test_the_warning_reaches_the_user_and_the_run_goes_on(tmp_path, sample_dir):
+    """The line is in the console once and in the run's train.log, where it explains the run later."""
     proc = run_module(
         "nmt.train",
         [f"data.dir={sample_dir}", *TINY, "trainer.max_steps=2", "attention.heads=2", f"hydra.run.dir={tmp_path}/run"],
         tmp_path / "cache",
     )
     line = f"[nmt.train][WARNING] - attention.heads=2 {UNREAD} attention=multihead (this run: bahdanau)"
-    assert line in proc.stderr.splitlines(), proc.stderr[:2000]
+    assert warnings_in(proc.stderr) == [line], proc.stderr[:2000]  # once, in the run's log
+    assert warnings_in((tmp_path / "run" / "train.log").read_text()) == [line]
     assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()

@@ -212,8 +212,13 @@ def test_a_corpus_with_an_attribution_column_is_named_before_torch_and_read_with
 def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_dir):
     sweep = tmp_path / "sweep"
     procs = []  # data.dir: '/' in job names
-    jobs = tiny_sweep(sweep, ["attention=dot,general"], sample_dir, tmp_path / "cache", output=procs)
+    swept = ["attention=dot,general", "attention.window=3"]  # a key neither job reads: a warning, and each log's
+    jobs = tiny_sweep(sweep, swept, sample_dir, tmp_path / "cache", output=procs)
     assert len(jobs) == 2 and all(j.parent == sweep for j in jobs), jobs
+    unread = "attention.window=3 is not read: it is for attention=local_m or local_p (this run: "
+    named = [f"[nmt.train][WARNING] - in the sweep's job attention={a}: {unread}{a})" for a in ("dot", "general")]
+    assert procs[0].stderr.splitlines()[:2] == named, procs[0].stderr[:800]  # before the first job starts
+    assert sorted(unread in (j / "train.log").read_text() for j in jobs) == [True, True]
     # The sweep's last lines: every job with its best validation, and the report command (SweepSummary).
     tail = procs[0].stderr.splitlines()[-4:]
     assert tail[0] == f"sweep {sweep}: 2 job(s) with a validation, best valid BLEU first (greedy, as validated):"
@@ -223,9 +228,7 @@ def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_d
     # folder, found by the same name, and a job that never started (its folder gone) starts.
     shutil.rmtree(jobs[1])
     again = []
-    resumed = tiny_sweep(
-        sweep, ["attention=dot,general", "trainer.resume=true"], sample_dir, tmp_path / "cache", output=again
-    )
+    resumed = tiny_sweep(sweep, [*swept, "trainer.resume=true"], sample_dir, tmp_path / "cache", output=again)
     assert resumed == jobs, resumed
     assert f"resuming from {jobs[0]}/checkpoints/last.pt: step 20," in again[0].stderr, again[0].stderr[-3000:]
     assert f"trainer.resume=true, but {jobs[1]} has no checkpoint yet: starting this run at step 0" in again[0].stderr
