@@ -508,7 +508,7 @@ def test_the_attention_keys_are_called_read_exactly_where_they_shape_the_model()
 
 
 def warnings_in(log: str) -> list[str]:
-    """A log's lines that name an unread key, from the logger's name on (the time before it left out)."""
+    """A log's lines that name an unread key, from the logger's name on (without the time that log lines start with)."""
     return [x[x.index("[nmt.") :] for x in log.splitlines() if UNREAD in x]
 
 
