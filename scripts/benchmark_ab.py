@@ -12,7 +12,7 @@ tensors on CPU), ``eager`` (both RNNs computed as model.rnn_impl=eager: the enco
 packed sequences; otherwise the CPU default, loop) or ``enc_eager`` (the encoder only; same weights
 and maths, so they can take turns), ``plain_tanh`` (torch.tanh everywhere; otherwise the model's own,
 nmt.models.rnn.tanh_kernel: 2σ(2x) − 1 where it measured faster). ``--model`` is a model of
-scripts/benchmark.py or ``cpu_small`` (the preset, fused Adam as always). To compare code changes, run
+scripts/benchmark.py or a preset, ``cpu_small`` or ``cpu_best`` (fused Adam as always). To compare code changes, run
 it with one setting from checkouts of both commits in turn (``git worktree add``), several times, alternating; the same
 for a setting that holds for a whole process, given as a config override with ``--set``:
 
@@ -32,7 +32,7 @@ from benchmark import MODELS, NmtRun
 
 from nmt.models.rnn import RNN
 
-PRESETS = {**MODELS, "cpu_small": ["experiment=cpu_small"]}
+PRESETS = {**MODELS, "cpu_small": ["experiment=cpu_small"], "cpu_best": ["experiment=cpu_best"]}
 
 
 def main() -> None:

@@ -58,6 +58,34 @@ def test_bf16_products_keep_float32_outputs_and_gradients():
     torch.testing.assert_close(g16, g32, rtol=0.05, atol=0.05 * g32.abs().max().item())
 
 
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_strided_inputs_and_gradients_take_matrix_products(dtype):
+    """A product over [B, S, I] keys whose input and output gradient are strided (the keys a Luong
+    ``general`` score reads transposed): autograd's gradients, computed by matrix products. A strided
+    3-D tensor times W is a batched product over a broadcast W in PyTorch (3-5x slower on CPU)."""
+    torch.manual_seed(0)
+    w = torch.randn(6, 5, requires_grad=True)
+    keys = torch.randn(3, 5, 4, requires_grad=True)  # [B, I, S]: read as [B, S, I] through a transpose
+    query = torch.randn(3, 2, 6)
+
+    def scores(product):
+        proj = product(keys.transpose(1, 2))  # [B, S, O], from a strided input
+        return torch.bmm(query, proj.transpose(1, 2)).float().square().sum()  # ∂proj arrives strided
+
+    def grads_and_batched_products(product):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            grads = torch.autograd.grad(scores(product), [w, keys])
+        return grads, sum(e.count for e in prof.key_averages() if e.key == "aten::bmm")
+
+    cast = dtype or torch.float32
+    ref, ref_bmm = grads_and_batched_products(lambda x: F.linear(x.to(cast), w.to(cast)).to(x.dtype))
+    got, got_bmm = grads_and_batched_products(StepLinear(w, None, dtype))
+    assert got_bmm == ref_bmm == 2  # the score's product and its gradient: none for W
+    tol = {} if dtype is None else {"rtol": 0.02, "atol": 0.02}
+    for a, r in zip(got, ref):
+        torch.testing.assert_close(a, r, **tol)
+
+
 def test_without_autograd_it_is_a_plain_linear():
     w, b, x = torch.randn(4, 3), torch.randn(4), torch.randn(2, 3)
     with torch.no_grad():
