@@ -1,6 +1,7 @@
 """The training batch pipeline alone, as the DataLoader worker runs it: milliseconds of one process per batch.
 
     python scripts/benchmark_stream.py [--batches 600] [--rounds 3] [--data data/spa-eng]
+    python scripts/benchmark_stream.py --sample-alpha 0.5 --word-dropout 0.1   # cpu_best's regularisers
     for i in 1 2 3; do for c in /tmp/old /work/main; do PYTHONPATH=$c python $c/scripts/benchmark_stream.py; done; done
 
 The worker reads the corpus (datasets' shuffle buffer), tokenises buckets with sentencepiece, cuts them into
@@ -8,7 +9,9 @@ token-budget batches and pads them into tensors (nmt.data.batching.BatchStream),
 training step uses: on 2 cores every millisecond it spends per batch is taken from the step's threads. This times
 ``BatchStream.epoch_batches`` in this process, with model R's data settings (joint unigram 8k pieces, max_len 50,
 max_tokens 2,000, the default bucket and shuffle buffer), after one untimed batch (which reads the first
-bucket); ``--rounds`` passes over the same first ``--batches`` batches, and the median. Then the same stream
+bucket); ``--rounds`` passes over the same first ``--batches`` batches, and the median. ``--sample-alpha`` and
+``--word-dropout`` add the regularisers the worker draws per pair (tokenizer.sample_alpha over the whole lattice,
+data.src_word_dropout and tgt_word_dropout alike), as the ``cpu_best`` preset trains. Then the same stream
 through a DataLoader with one worker, as nmt.train builds it: the worker process's CPU time per batch
 (/proc/PID/stat), which adds handing each batch's tensors to the training process. To compare code changes, run
 it from checkouts of both commits in turn, alternating (the second command above; an older checkout without
@@ -31,6 +34,7 @@ from nmt.config import DataConfig, TokenizerConfig
 from nmt.data import build_tokenizer
 from nmt.data.batching import BatchStream, worker_context, worker_init
 from nmt.data.corpus import CorpusSpec
+from nmt.data.subwords import Sampling
 
 
 def cpu_seconds(pid: int) -> float:
@@ -67,12 +71,17 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=600)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--data", default="data/spa-eng")
+    ap.add_argument("--sample-alpha", type=float, default=0.0, help="subword sampling's alpha (0: off)")
+    ap.add_argument("--word-dropout", type=float, default=0.0, help="source and target word dropout")
     args = ap.parse_args()
     spec = CorpusSpec(f"{args.data}/train.tsv")
     # model R's tokenizer and batches are the schema's defaults (configs/experiment/model_r.yaml), cache included
     tok = build_tokenizer(OmegaConf.structured(TokenizerConfig), spec)
     d = DataConfig()
-    stream = BatchStream(spec, tok.state_dict(), d.max_len, d.max_tokens, d.bucket_size, d.shuffle_buffer, seed=1)
+    regularisers = {"sampling": Sampling(args.sample_alpha, -1), "word_dropout": (args.word_dropout,) * 2}
+    stream = BatchStream(
+        spec, tok.state_dict(), d.max_len, d.max_tokens, d.bucket_size, d.shuffle_buffer, seed=1, **regularisers
+    )
     per_batch = []
     for _ in range(args.rounds):
         batches = stream.epoch_batches(tok, 0)
