@@ -136,17 +136,18 @@ class _Step(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, token: torch.Tensor, w: torch.Tensor, tape: _Tape) -> torch.Tensor:
-        xc = x.to(w.dtype).reshape(-1, x.size(-1))  # [N, I]
+        xc = x.to(w.dtype, memory_format=torch.contiguous_format).reshape(-1, x.size(-1))  # [N, I], one copy at most
         ctx.w, ctx.tape, ctx.index = w, tape, len(tape.xs)
         tape.xs.append(xc)
         return F.linear(xc, w).view(*x.shape[:-1], -1).to(x.dtype)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        # Both products on [N, *] matrices (a copy when g is not contiguous, e.g. the gradient of the
-        # attention keys that a score reads transposed): on a strided 3-D tensor ``g @ W`` is a batched
-        # product over a broadcast W, 3-5x slower on CPU (docs/benchmarks.md, "A strided gradient").
-        gc = g.to(ctx.w.dtype).reshape(-1, g.size(-1))
+        # Both products on [N, *] matrices (the cast and, when g is not contiguous, e.g. the gradient of the
+        # attention keys that a score reads transposed, the layout in one copy): on a strided 3-D tensor
+        # ``g @ W`` is a batched product over a broadcast W, 3-5x slower on CPU (docs/benchmarks.md, "A
+        # strided gradient").
+        gc = g.to(ctx.w.dtype, memory_format=torch.contiguous_format).reshape(-1, g.size(-1))
         ctx.tape.gs[ctx.index] = gc
         return (gc @ ctx.w).view(*g.shape[:-1], -1).to(g.dtype), None, None, None
 
