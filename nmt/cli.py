@@ -398,11 +398,11 @@ def preflight(
             cfg, problems = _check_job(cmd, compose, [*fixed, *job])
             for line in problems:
                 found.setdefault(line, []).append(job)
-            for line in unread_settings(cfg, keys) if cfg is not None else ():
+            for line in unread_settings(cfg, keys) if cfg is not None and warn is not None else ():
                 unread.setdefault(line, []).append(job)
     if found:
         raise Stop(naming_jobs(found, len(jobs)))
-    for line in naming_jobs(unread, len(jobs)) if warn else ():
+    for line in naming_jobs(unread, len(jobs)) if warn is not None else ():
         warn(line)
     return cfg
 
