@@ -62,7 +62,7 @@ def test_experiment_presets_compose():
     assert cfg.model.tie_all_embeddings and cfg.tokenizer.joint  # measured +0.5 on valid (docs/results.md)
     # Luong's bilinear general score: +0.78 / +0.49 on the whole valid.tsv over dot, same seed, family-26 EPYC
     # (docs/results.md, session 64), where dot's +0.12 / +0.10 on two family-25 seeds was inside the seed spread
-    assert cfg.attention.name == "general" and cfg.decoder.hidden_size == 2 * cfg.encoder.hidden_size
+    assert cfg.attention.name == "general"
     # Both presets layer-normalise both GRUs with gains from 0.1 (docs/results.md): on the whole valid.tsv +1.8 / +1.5
     # in cpu_small, +0.9 / +0.8 in cpu_best, where gains from 1 learned half as much per step. With it, both train
     # with twice Adam's default rate: +0.8 / +0.85 in cpu_small, +0.3 / +0.6 in cpu_best (one run each).
