@@ -63,6 +63,8 @@ def test_experiment_presets_compose():
     # Luong's bilinear general score: +0.78 / +0.49 on the whole valid.tsv over dot, same seed, family-26 EPYC
     # (docs/results.md, session 64), where dot's +0.12 / +0.10 on two family-25 seeds was inside the seed spread
     assert cfg.attention.name == "general"
+    # a 2x512 encoder (from 2x384): +0.14 / +0.58 on the whole valid.tsv over two seeds, family-26 EPYC (sessions 65-66)
+    assert cfg.encoder.hidden_size == 512 and cfg.decoder.hidden_size == 768
     # Both presets layer-normalise both GRUs with gains from 0.1 (docs/results.md): on the whole valid.tsv +1.8 / +1.5
     # in cpu_small, +0.9 / +0.8 in cpu_best, where gains from 1 learned half as much per step. With it, both train
     # with twice Adam's default rate: +0.8 / +0.85 in cpu_small, +0.3 / +0.6 in cpu_best (one run each).
