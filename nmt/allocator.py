@@ -11,7 +11,11 @@ With ``auto`` (on a CPU device, where the C library is glibc) two ``mallopt`` ca
 - ``M_TRIM_THRESHOLD`` at its largest: the freed top of the heap is not returned to the system
   after every step either.
 
-The cost is that the process keeps its peak memory until it exits, and the heap holds more of it:
+The costs: the process keeps its peak memory until it exits, and a long run's heap fragments. Its free
+memory ends up in tens of thousands of pieces, which glibc's malloc walks one distinct size at a time. In
+``experiment=cpu_best``, ``_int_malloc`` grew from ~2% of the samples at 3 minutes to 5-6% at 11-23 minutes, and
+throughput fell with it (docs/benchmarks.md, "Where a long run's time goes"; ``heap_stats`` puts the pieces in
+metrics.jsonl). ``system`` fragments as well, and trains slower. The older short-run measurement:
 ``experiment=cpu_small`` trained at +8-15% target tokens/s with a 33% larger maximum RSS (1.77 GB
 against 1.35), model R within the noise at the same RSS, on an AMD EPYC (docs/benchmarks.md, "A
 training process that keeps its freed memory"). ``system`` leaves ``malloc`` as it is. It applies to
@@ -49,6 +53,44 @@ def configure(mode: str, device: torch.device) -> str:
     if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)):
         return "the C library's defaults (glibc refused mallopt)"
     return "freed memory kept for the next step (trainer.allocator=auto: glibc mallopt, no mmap per buffer)"
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (<malloc.h>, glibc 2.33 and later), field for field."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def heap_stats(device: torch.device) -> dict[str, int]:
+    """The C library's heap now, for metrics.jsonl: ``heap_mib`` (what malloc holds from the system outside its
+    per-block mmaps), ``heap_free_mib`` (how much of that is free, held for reuse) and ``heap_free_chunks`` (in
+    how many pieces), from glibc's ``mallinfo2`` over all arenas; ``{}`` off the CPU or off glibc 2.33+.
+    Free memory in many pieces is a fragmented heap: under ``trainer.allocator=auto`` a long CPU run's pieces
+    grow with its varying batch shapes, and glibc's malloc walks more of them per block (docs/benchmarks.md,
+    "Throughput that decays within a 2-hour run"). It walks the free lists once (about a millisecond for
+    30,000 pieces): call it per validation, not per step."""
+    if device.type != "cpu" or not GLIBC:
+        return {}
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        return {}
+    libc.mallinfo2.restype = _MallInfo2
+    m = libc.mallinfo2()
+    return {"heap_mib": m.arena >> 20, "heap_free_mib": m.fordblks >> 20, "heap_free_chunks": m.ordblks}
 
 
 def peak_mib(device: torch.device) -> float:

@@ -698,6 +698,7 @@ class Trainer:
             "elapsed_s": p.elapsed_s,
             "skipped_steps": p.skipped_steps,
             "peak_memory_mib": round(allocator.peak_mib(self.precision.device)),
+            **allocator.heap_stats(self.precision.device),
         }
         improved = self.stopping.update(p, v)
         if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):

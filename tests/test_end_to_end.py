@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import REPO, TINY, compose_cfg, env, run_module, source_file
-from nmt import checkpoint
+from nmt import allocator, checkpoint
 
 
 def records(run):
@@ -33,6 +33,8 @@ def test_training_writes_checkpoints_metrics_and_the_loss_falls(trained):
         assert r["tgt_tokens_per_s"] > 0
     peaks = [r["peak_memory_mib"] for r in recs]  # the process's maximum resident set so far: torch alone is more
     assert 100 < peaks[0] <= peaks[1] <= peaks[2] < 8192, peaks
+    if allocator.GLIBC:  # the C library's heap at each validation (nmt.allocator.heap_stats)
+        assert all(0 <= r["heap_free_mib"] <= r["heap_mib"] and r["heap_free_chunks"] >= 0 for r in recs), recs
     assert recs[-1]["loss"] < recs[0]["loss"] - 0.3, [r["loss"] for r in recs]
     assert recs[-1]["train_loss"] < recs[0]["train_loss"]
     ckpt = checkpoint.load(run / "checkpoints" / "last.pt")
