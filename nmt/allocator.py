@@ -81,8 +81,8 @@ def heap_stats(device: torch.device) -> dict[str, int]:
     how many pieces), from glibc's ``mallinfo2`` over all arenas; ``{}`` off the CPU or off glibc 2.33+.
     Free memory in many pieces is a fragmented heap: under ``trainer.allocator=auto`` a long CPU run's pieces
     grow with its varying batch shapes, and glibc's malloc walks more of them per block (docs/benchmarks.md,
-    "Throughput that decays within a 2-hour run"). It walks the free lists once (about a millisecond for
-    30,000 pieces): call it per validation, not per step."""
+    "Where a long run's time goes"). It walks every free list, so its cost grows with the pieces: call it per
+    validation, not per step."""
     if device.type != "cpu" or not GLIBC:
         return {}
     libc = ctypes.CDLL(None)
