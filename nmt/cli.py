@@ -21,6 +21,7 @@ again as it starts. An ``NmtError`` raised inside a command ends it the same way
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import itertools
@@ -265,7 +266,40 @@ def wrong_type(cmd: Command, e: BaseException) -> str | None:
 def _expected(cmd: Command, key: str, value: Any) -> str | None:
     """``key=value: expected <what the schema's type takes>``, or None for a type with no wording."""
     kind = expected_value(cmd.schema, key)
-    return f"{key}={value}: expected {kind}" if kind else None
+    return f"{key}={value}: expected {kind}{_ensemble_hint(cmd, key)}" if kind else None
+
+
+def _ensemble_hint(cmd: Command, key: str) -> str:
+    """For ``checkpoint`` given several files (a list, or a,b): how a decoding command takes several models."""
+    if key != "checkpoint" or "ensemble" not in {f.name for f in dataclasses.fields(cmd.schema)}:
+        return ""
+    return "; several models decode together as checkpoint=A.pt ensemble=[B.pt,C.pt]"
+
+
+# Commands that refuse -m: every job of a sweep would read the same input and write the same output in turn
+# (translate, average), or the first would never return (serve). The reason, for the one-line refusal.
+NO_SWEEP = {
+    "translate": "its jobs would read the same input and write the same output in turn; to compare checkpoints or "
+    "search settings, sweep python -m nmt.evaluate -m ... input=TSV",
+    "serve": "its first job would serve until stopped and the others never start",
+    "average": "its jobs would all write the same output=; run it once per averaged checkpoint",
+}
+
+
+def several_values(cmd: Command, key: str, text: str) -> str:
+    """``key=a,b`` on a command line without -m, said in one line: how to sweep (where the command sweeps) and
+    how to write a list or a text with commas instead."""
+    how = "several values sweep, which needs -m"
+    if cmd.name in NO_SWEEP:
+        how = f"one value per key ({cmd.module} runs no sweeps)"
+    kind = expected_value(cmd.schema, key) or ""
+    if kind.startswith("text"):
+        write = "a text with commas is quoted, 'a,b'"
+    elif kind.startswith("a list"):
+        write = "a list is written [a,b]"
+    else:
+        write = "a list is written [a,b], a text with commas 'a,b'"
+    return f"{text}: {how}; {write}{_ensemble_hint(cmd, key)}"
 
 
 def unreadable(parser: Any, overrides: Sequence[str]) -> str | None:
@@ -375,13 +409,8 @@ def preflight(
     if problems := check_overrides(cmd, parsed):
         raise Stop(problems)
     ours = [o for o in parsed if not o.key_or_group.startswith("hydra")]
-    if not multirun and (several := [o.input_line for o in ours if o.is_sweep_override()]):
-        raise Stop(
-            [
-                f"{x}: several values sweep, which needs -m; a list is written [a,b], a text with commas 'a,b'"
-                for x in several
-            ]
-        )
+    if not multirun and (several := [o for o in ours if o.is_sweep_override()]):
+        raise Stop([several_values(cmd, o.get_key_element(), o.input_line) for o in several])
     fixed = [o.input_line for o in ours if not o.is_sweep_override()]
     # A sweep's jobs, as Hydra's basic sweeper makes them (sweep_jobs_to_check; each job is checked again as
     # it starts): a rule between keys may hold in every job only with the swept value in place
@@ -556,6 +585,8 @@ def launch(
     if args.multirun and (args.cfg or args.info):  # Hydra answered this with a traceback
         flag = "--cfg" if args.cfg else "--info"
         _fail(cmd, [f"-m and {flag} together: {flag} shows one run's config; drop -m and give one value per key"])
+    if args.multirun and cmd.name in NO_SWEEP:  # a translate sweep over stdin died in its second job's traceback
+        _fail(cmd, [f"-m: {cmd.module} runs no sweeps: {NO_SWEEP[cmd.name]}"])
     # Hydra's own modes, and other config sources than ours, pass through unchecked.
     passthrough = (args.hydra_help, args.cfg, args.info, args.shell_completion, args.config_path, args.config_name)
     if not any(passthrough) and not args.config_dir and not args.experimental_rerun:

@@ -201,6 +201,41 @@ def test_a_sweep_asked_for_its_config_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "module,argv,says",
+    [
+        (
+            "nmt.translate",
+            ["-m", "checkpoint=a.pt,b.pt"],
+            "-m: nmt.translate runs no sweeps: its jobs would read the same input and write the same output in turn",
+        ),
+        ("nmt.serve", ["-m", "checkpoint=a.pt,b.pt"], "-m: nmt.serve runs no sweeps: its first job would serve until"),
+        ("nmt.average", ["-m", "last=2,3", "run_dir=r", "output=o.pt"], "-m: nmt.average runs no sweeps: its jobs"),
+    ],
+)
+def test_commands_that_cannot_sweep_refuse_m_before_any_work(module, argv, says, tmp_path):
+    """A translate sweep over stdin died in its second job with a traceback (the first had closed stdin), and
+    one over a file wrote each job's output over the last: -m is refused in one line, before torch."""
+    assert says in refused_before_torch(module, argv, tmp_path)
+    assert not (tmp_path / "multirun").exists()
+
+
+def test_several_checkpoints_are_answered_with_how_to_ensemble(tmp_path):
+    """checkpoint=a,b or [a,b] names several models: the answer says that a decoding command combines them with
+    ensemble=[...] (nmt.evaluate still sweeps them with -m), and writes a text with commas the way a text key takes
+    it."""
+    hint = "several models decode together as checkpoint=A.pt ensemble=[B.pt,C.pt]"
+    line = refused_before_torch("nmt.translate", ["checkpoint=a.pt,b.pt"], tmp_path)
+    assert line.endswith(
+        "checkpoint=a.pt,b.pt: one value per key (nmt.translate runs no sweeps); a text with commas is quoted, "
+        f"'a,b'; {hint}"
+    ), line
+    line = refused_before_torch("nmt.evaluate", ["checkpoint=[a.pt,b.pt]", "input=t.tsv"], tmp_path)
+    assert line.endswith(f"checkpoint=[a.pt,b.pt]: expected text; {hint}"), line
+    line = refused_before_torch("nmt.evaluate", ["checkpoint=a.pt,b.pt", "input=t.tsv"], tmp_path)
+    assert line.endswith("several values sweep, which needs -m; a text with commas is quoted, 'a,b'; " + hint), line
+
+
+@pytest.mark.parametrize(
     "module,purpose,own_key",
     [
         ("nmt.train", "Train an attention-based RNN", "trainer.max_steps"),
