@@ -145,13 +145,16 @@ def main(cfg: DictConfig) -> None:
     spec = CorpusSpec(cfg.input, strict=True, columns=columns)
     pairs = load_pairs(spec, why_strict="nmt.evaluate scores every line of its input", columns_key="columns")
     from nmt.runtime import load_translator
-    from nmt.translator import workers
+    from nmt.translator import report_truncated, workers
 
     tr = load_translator(cfg)
     check_direction(tr.trained_columns, columns, cfg.input)
     sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
+    tr.warn_truncated = False  # named line by line below
     with workers(tr, cfg.workers) as tx:
-        hyps = [t.text for t in tx.translate(sources)]
+        out = tx.translate(sources)
+    hyps = [t.text for t in out]
+    report_truncated([i + 1 for i, t in enumerate(out) if t.truncated], cfg.input, tr.max_input_len)
     s = score(hyps, sources, refs)
     beam, alpha, stop = tr.search.beam_size, tr.search.alpha, tr.search.stop  # as given, else the checkpoint's (logged)
     s.update(checkpoint=cfg.checkpoint, input=cfg.input, beam_size=beam, length_penalty=alpha, stop=stop)

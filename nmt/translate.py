@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -80,6 +80,7 @@ class Sink:
     plot_dir: Path | None = None
     attention_out: TextIO | None = None
     line: int = 0  # lines written so far (0-based index of the next input line)
+    truncated: list[int] = field(default_factory=list)  # input lines (1-based) cut to max_input_len pieces
 
     @property
     def wants_attention(self) -> bool:
@@ -98,6 +99,8 @@ class Sink:
         if att is not None and self.attention_out is not None:
             record = {"line": self.line, "src": t.src_pieces, "tgt": t.tgt_pieces, "attention": att.tolist()}
             self.attention_out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        if t.truncated:
+            self.truncated.append(self.line + 1)
         self.line += 1
 
 
@@ -126,9 +129,10 @@ def _flush(tr: Translator | Workers, buf: list[str], sink: Sink) -> None:
 def main(cfg: DictConfig) -> None:
     check_paths([cfg.checkpoint, *cfg.ensemble], [cfg.input], [cfg.output, cfg.attention_out])
     from nmt.runtime import load_translator
-    from nmt.translator import workers
+    from nmt.translator import report_truncated, workers
 
     tr = load_translator(cfg)
+    tr.warn_truncated = False  # named line by line at the end (before the fork: the processes inherit it)
     with contextlib.ExitStack() as stack:
         tx = stack.enter_context(workers(tr, cfg.workers, interactive=cfg.input is None))
         # errors="replace": a stray non-UTF-8 byte costs one character, not the run; newline="\n": only
@@ -151,6 +155,7 @@ def main(cfg: DictConfig) -> None:
         # with several processes a read batch gives each of them batch_size lines
         n = translate_stream(tx, read_lines(src, odd), sink, cfg.batch_size * tx.n, interactive=cfg.input is None)
         report_odd_lines(odd, cfg.input or "stdin")
+        report_truncated(sink.truncated, cfg.input or "stdin", tr.max_input_len)
     log.info("translated %d line%s%s", n, "" if n == 1 else "s", f" into {cfg.output}" if cfg.output else "")
 
 

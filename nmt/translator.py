@@ -35,6 +35,7 @@ class Translation:
     src_pieces: list[str]
     tgt_pieces: list[str]
     n_best: list[tuple[str, float]]  # (text, score) for each of the n-best, best first
+    truncated: bool = False  # the source had more than max_input_len pieces: only its first ones were translated
 
 
 class Translator:
@@ -56,6 +57,9 @@ class Translator:
         self.search = search or SearchOptions()
         self.max_tokens, self.max_input_len = max_tokens, max_input_len
         self.shortlist = shortlist.to(device) if shortlist is not None else None
+        # Log how many inputs of each call were truncated; nmt.translate and nmt.evaluate turn it off and name
+        # the lines once, at the end (report_truncated), from each Translation's ``truncated``.
+        self.warn_truncated = True
 
     @torch.no_grad()
     def translate(self, texts: list[str], return_attention: bool = False) -> list[Translation]:
@@ -63,9 +67,9 @@ class Translator:
         was_training = self.model.training
         self.model.eval()
         ids = self.tok.encode_src([t.strip() for t in texts])
-        too_long = sum(len(s) > self.max_input_len for s in ids)
-        if too_long:
-            log.warning("%d input line(s) longer than %d pieces were truncated", too_long, self.max_input_len)
+        too_long = [len(s) > self.max_input_len for s in ids]
+        if self.warn_truncated and any(too_long):
+            log.warning("%d input line(s) longer than %d pieces were truncated", sum(too_long), self.max_input_len)
         ids = [s[: self.max_input_len] for s in ids]
         keep = [i for i, s in enumerate(ids) if s]
         results: list[Translation | None] = [None] * len(texts)
@@ -86,10 +90,29 @@ class Translator:
                     self.tok.src.id_to_piece(ids[i]) + ["</s>"],
                     self.tok.tgt_pieces(best.tokens) + ["</s>"],
                     [(t, h.score) for t, h in zip(texts_out, nbest)],
+                    too_long[i],
                 )
         self.model.train(was_training)
         empty = Translation("", Hypothesis([], 0.0, 0.0, None), [], [], [("", 0.0)])
         return [r if r is not None else empty for r in results]
+
+
+def report_truncated(lines: list[int], name: str, limit: int) -> None:
+    """One warning naming the input lines (1-based) whose sources were cut to their first ``limit`` pieces."""
+    if lines:
+        shown = ", ".join(map(str, lines[:20])) + (", ..." if len(lines) > 20 else "")
+        log.warning(
+            "%s: %d line%s longer than max_input_len=%d pieces %s truncated to the first %d: line%s %s "
+            "(max_input_len=N raises the limit)",
+            name,
+            len(lines),
+            "" if len(lines) == 1 else "s",
+            limit,
+            "was" if len(lines) == 1 else "were",
+            limit,
+            "" if len(lines) == 1 else "s",
+            shown,
+        )
 
 
 # ---- several processes (CPU) -------------------------------------------------------------------------------

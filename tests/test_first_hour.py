@@ -253,6 +253,30 @@ def test_translate_refuses_a_missing_output_folder_and_reports_binary_lines(trai
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 4
 
 
+def test_translate_and_evaluate_name_the_lines_they_truncate_once(trained, tmp_path):
+    """A line over max_input_len pieces is translated from its first pieces, and one warning at the end names
+    the input's lines (it said "1 input line(s) ... were truncated" per batch, in each decoding process)."""
+    run, cache, _ = trained
+    best = f"{run}/checkpoints/best.pt"
+    long = " ".join(["word"] * 40)
+    src = tmp_path / "in.txt"
+    src.write_text(f"Hello.\n{long}\nok\n{long}\n", encoding="utf-8")
+    args = [f"checkpoint={best}", f"input={src}", f"output={tmp_path}/out.txt", "max_input_len=10", "batch_size=1"]
+    proc = run_module("nmt.translate", args, cache)
+    warned = [x for x in proc.stderr.splitlines() if "max_input_len" in x]
+    assert len(warned) == 1 and warned[0].endswith(
+        f"{src}: 2 lines longer than max_input_len=10 pieces were truncated to the first 10: lines 2, 4 "
+        "(max_input_len=N raises the limit)"
+    ), proc.stderr[-2000:]
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 4
+    test = tmp_path / "test.tsv"
+    test.write_text(f"Hello.\tHola.\n{long}\tpalabra\n", encoding="utf-8")
+    proc = run_module("nmt.evaluate", [f"checkpoint={best}", f"input={test}", "max_input_len=10"], cache)
+    warned = [x for x in proc.stderr.splitlines() if "max_input_len" in x]
+    assert len(warned) == 1 and "1 line longer than max_input_len=10 pieces" in warned[0], proc.stderr[-2000:]
+    assert warned[0].endswith(": line 2 (max_input_len=N raises the limit)")
+
+
 def test_an_interrupted_sweep_job_names_the_command_that_continues_the_whole_sweep(tmp_path):
     """The command re-runs the sweep with trainer.resume=true, which job names leave out, so each job finds its
     own folder (the end-to-end sweep test cannot show this: its long tiny-model names are cut before it)."""
