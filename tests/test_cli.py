@@ -235,6 +235,34 @@ def test_several_checkpoints_are_answered_with_how_to_ensemble(tmp_path):
     assert line.endswith("several values sweep, which needs -m; a text with commas is quoted, 'a,b'; " + hint), line
 
 
+def test_python_m_nmt_lists_the_commands_and_points_a_subcommand_to_its_module(tmp_path):
+    """``python -m nmt`` was Python's "'nmt' is a package and cannot be directly executed": it lists every
+    command (each one a module that runs), and ``python -m nmt train ...`` names the command to type instead."""
+    import runpy
+
+    from nmt.cli import COMMANDS
+
+    code = "import runpy, sys; runpy.run_module('nmt', run_name='__main__')"
+    for argv in ([], ["--help"]):
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            cwd=tmp_path,
+            env={**env(tmp_path / "cache"), "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        listed = re.findall(r"^  python -m (nmt\.[\w.]+) ", proc.stdout, flags=re.M)
+        assert listed == [*(c.module for c in COMMANDS.values()), "nmt.report", "nmt.data.fetch"], proc.stdout
+        for module in listed:  # each listed command exists as a module that runs
+            assert runpy._get_module_details(module)[0] == module
+    line = refused_before_torch("nmt", ["train", "experiment=smoke"], tmp_path)
+    assert line.endswith("each command is a module of its own: python -m nmt.train experiment=smoke"), line
+    line = refused_before_torch("nmt", ["trian"], tmp_path)
+    assert line.endswith(": python -m nmt.train --help"), line
+
+
 @pytest.mark.parametrize(
     "module,purpose,own_key",
     [
