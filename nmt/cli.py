@@ -59,7 +59,7 @@ from nmt.config import (
     validate,
 )
 from nmt.errors import CheckpointError, NmtError
-from nmt.rundir import no_checkpoint
+from nmt.rundir import RunDir, no_checkpoint
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -520,6 +520,18 @@ def runs_in_place(cmd: Command, argv: Sequence[str]) -> bool:
     )
 
 
+def fresh_run_over_checkpoints(cfg: Any, overrides: Sequence[str]) -> str | None:
+    """A training run started afresh (no ``trainer.resume``) in a ``hydra.run.dir`` that already holds a run's
+    checkpoints would write its own best.pt and last.pt over them (a 2-hour run's, for a forgotten resume): the
+    one line that refuses it, checked before Hydra writes its .hydra/ files into that folder; None when nothing
+    would be lost. (A folder Hydra names itself, outputs/DATE/TIME, is new; a sweep's job checks its own folder as
+    it starts, nmt.train.main.)"""
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    if cfg is None or cfg.trainer.resume or not given:
+        return None
+    return RunDir(given[-1].strip("'\"")).refuse_fresh_run(f"hydra.run.dir={given[-1]}")
+
+
 def check_paths(
     checkpoints: Sequence[str | None] = (), inputs: Sequence[str | None] = (), outputs: Sequence[str | None] = ()
 ) -> None:
@@ -595,6 +607,8 @@ def launch(
             cfg = preflight(cmd, args.overrides, multirun=args.multirun, warn=warn)
         except Stop as e:
             _fail(cmd, e.lines)
+        if cmd.name == "train" and not args.multirun and (held := fresh_run_over_checkpoints(cfg, args.overrides)):
+            _fail(cmd, [held])
         if task is not None and runs_in_place(cmd, argv):
             console_logging()
             return task(cfg, args.overrides)

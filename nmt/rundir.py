@@ -155,6 +155,26 @@ class RunDir:
         newest_steps = [p for _, p in reversed(self.step_checkpoints())]
         return [self.last, *newest_steps] if self.last.is_file() else newest_steps
 
+    def held_checkpoints(self) -> list[Path]:
+        """Every checkpoint file the run folder holds (``*.pt`` in ``checkpoints/``): what a fresh run started
+        in the same folder would overwrite (best.pt, last.pt) or mix with (step_N.pt, averaged.pt)."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(p for p in self.checkpoints.iterdir() if p.suffix == ".pt" and p.is_file())
+
+    def refuse_fresh_run(self, named: str, elsewhere: str = "hydra.run.dir") -> str | None:
+        """The one line that refuses a fresh run (no ``trainer.resume``) in this folder when it holds checkpoints,
+        which that run would overwrite; ``named``: how the user named the folder (``hydra.run.dir=runs/a``);
+        ``elsewhere``: the key that gives another folder."""
+        held = self.held_checkpoints()
+        if not held:
+            return None
+        names = ", ".join(p.name for p in held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        return (
+            f"{named} already holds a run's checkpoints ({names}), which a fresh run would overwrite: add "
+            f"trainer.resume=true to continue that run, or give another {elsewhere} to start a new one"
+        )
+
     def is_resumable(self) -> bool:
         """Whether a checkpoint to resume from exists (cheap: nothing is loaded, so it may be damaged)."""
         return bool(self._candidates())

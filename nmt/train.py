@@ -70,6 +70,11 @@ def main(cfg: DictConfig) -> float:
             )
             adopt(run_dir, chosen)
             run_dir = chosen.root
+        # A sweep's job in a folder that holds a run (hydra.sweep.dir given again without trainer.resume=true); a
+        # single run was checked by the launcher, before Hydra wrote into its folder.
+        if hc.mode.name == "MULTIRUN" and not cfg.trainer.resume:
+            if held := RunDir(run_dir).refuse_fresh_run(f"the sweep job's folder {run_dir}", "hydra.sweep.dir"):
+                raise NmtError(held)
         if "RANK" not in os.environ:  # one process: the corpus is found (or fetched) and checked before torch
             prepare_corpus(cfg.data)  # (torchrun's ranks do it in run(), rank 0 first)
             check_corpus(build_specs(cfg.data))

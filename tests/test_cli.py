@@ -235,10 +235,37 @@ def test_several_checkpoints_are_answered_with_how_to_ensemble(tmp_path):
     assert line.endswith("several values sweep, which needs -m; a text with commas is quoted, 'a,b'; " + hint), line
 
 
+def test_a_fresh_run_over_a_folders_checkpoints_is_refused_and_they_are_kept(tmp_path):
+    """``hydra.run.dir=runs/a`` without ``trainer.resume=true`` on a folder that holds a run wrote the new run's
+    best.pt and last.pt over the old ones (a forgotten resume lost the trained model): refused in one line before
+    torch and before Hydra writes into the folder; resuming, or a folder without checkpoints, is not refused."""
+    from omegaconf import OmegaConf
+
+    from nmt.cli import fresh_run_over_checkpoints
+
+    run = tmp_path / "runs" / "a"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best.pt").write_bytes(b"the trained model")
+    (run / "checkpoints" / "last.pt").write_bytes(b"its last state")
+    line = refused_before_torch("nmt.train", ["experiment=smoke", f"hydra.run.dir={run}"], tmp_path)
+    assert line.endswith(
+        f"hydra.run.dir={run} already holds a run's checkpoints (best.pt, last.pt), which a fresh run would "
+        "overwrite: add trainer.resume=true to continue that run, or give another hydra.run.dir to start a new one"
+    ), line
+    assert (run / "checkpoints" / "best.pt").read_bytes() == b"the trained model"
+    assert not (run / ".hydra").exists() and not (run / "train.log").exists()
+    cfg = OmegaConf.create({"trainer": {"resume": False}})
+    assert fresh_run_over_checkpoints(OmegaConf.create({"trainer": {"resume": True}}), [f"hydra.run.dir={run}"]) is None
+    assert fresh_run_over_checkpoints(cfg, [f"hydra.run.dir={tmp_path / 'runs' / 'b'}"]) is None  # a new folder
+    (tmp_path / "runs" / "c" / "checkpoints").mkdir(parents=True)  # a run stopped before its first checkpoint
+    assert fresh_run_over_checkpoints(cfg, [f"hydra.run.dir={tmp_path / 'runs' / 'c'}"]) is None
+    assert fresh_run_over_checkpoints(cfg, ["trainer.max_steps=5"]) is None  # Hydra's own new outputs/DATE/TIME
+
+
 def test_python_m_nmt_lists_the_commands_and_points_a_subcommand_to_its_module(tmp_path):
     """``python -m nmt`` was Python's "'nmt' is a package and cannot be directly executed": it lists every
     command (each one a module that runs), and ``python -m nmt train ...`` names the command to type instead."""
-    import runpy
+    import importlib.util
 
     from nmt.cli import COMMANDS
 
@@ -255,8 +282,8 @@ def test_python_m_nmt_lists_the_commands_and_points_a_subcommand_to_its_module(t
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         listed = re.findall(r"^  python -m (nmt\.[\w.]+) ", proc.stdout, flags=re.M)
         assert listed == [*(c.module for c in COMMANDS.values()), "nmt.report", "nmt.data.fetch"], proc.stdout
-        for module in listed:  # each listed command exists as a module that runs
-            assert runpy._get_module_details(module)[0] == module
+        for module in listed:  # each listed command exists as a module
+            assert importlib.util.find_spec(module) is not None, module
     line = refused_before_torch("nmt", ["train", "experiment=smoke"], tmp_path)
     assert line.endswith("each command is a module of its own: python -m nmt.train experiment=smoke"), line
     line = refused_before_torch("nmt", ["trian"], tmp_path)

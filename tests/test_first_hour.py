@@ -224,6 +224,18 @@ def test_sweep_job_folders_are_flat_and_the_report_finds_them(tmp_path, sample_d
     assert tail[0] == f"sweep {sweep}: 2 job(s) with a validation, best valid BLEU first (greedy, as validated):"
     assert sorted(re.fullmatch(r" +[\d.]+ +step +20 +(\S+)", x).group(1) for x in tail[1:3]) == [j.name for j in jobs]
     assert tail[3] == f"tables, curves and attention statistics: python -m nmt.report {sweep}"
+    # The sweep again without trainer.resume=true: its first job's folder holds checkpoints, which it would have
+    # overwritten; it stops in one line instead and they are kept.
+    before = (jobs[0] / "checkpoints" / "best.pt").read_bytes()
+    args = ["-m", *swept, f"data.dir={sample_dir}", *TINY, "trainer.max_steps=20", f"hydra.sweep.dir={sweep}"]
+    refused = run_module("nmt.train", args, tmp_path / "cache", check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert (
+        f"the sweep job's folder {jobs[0]} already holds a run's checkpoints (best.pt, last.pt), which a fresh run "
+        "would overwrite: add trainer.resume=true to continue that run, or give another hydra.sweep.dir"
+        in refused.stderr
+    ), refused.stderr[-2000:]
+    assert (jobs[0] / "checkpoints" / "best.pt").read_bytes() == before
     # The sweep again with trainer.resume=true (as an interrupted job prints it): each job continues in its own
     # folder, found by the same name, and a job that never started (its folder gone) starts.
     shutil.rmtree(jobs[1])
@@ -353,7 +365,8 @@ def test_a_second_interrupt_stops_at_once_in_one_line(tmp_path, sample_dir):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.pt").write_bytes(b"an earlier checkpoint")
-    argv = ["nmt.train", f"data.dir={sample_dir}", *QUIET, f"hydra.run.dir={run}"]
+    # trainer.resume=true: the launcher refuses a fresh run over a folder's checkpoints (the stand-in loads none)
+    argv = ["nmt.train", f"data.dir={sample_dir}", *QUIET, f"hydra.run.dir={run}", "trainer.resume=true"]
     code = (
         "import runpy, sys, nmt.runner\n"
         "def interrupted(*args):\n    raise KeyboardInterrupt\n"
