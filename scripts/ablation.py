@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -124,6 +125,9 @@ def main() -> None:
         if done.is_file():
             print(f"[ablation] {name}: kept ({done})", flush=True)
             continue
+        if folder.exists():  # a row stopped before its record: trained again from the start, at equal wall clock
+            print(f"[ablation] {name}: {folder} holds an unfinished row; training it again", flush=True)
+            shutil.rmtree(folder)
         cmd = [
             sys.executable, "-m", "nmt.train", f"experiment={args.preset}",
             f"trainer.max_minutes={args.minutes:g}", *COMMON, *overrides, *args.extra,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,7 +49,8 @@ def poll(proc: subprocess.Popen, seconds: float, found) -> list[tuple[float, obj
 
 
 def run_nmt(args, run: Path) -> list[dict]:
-    run.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run, ignore_errors=True)  # a fresh run each time (nmt.train refuses one over old checkpoints)
+    run.mkdir(parents=True)
     metrics = run / "metrics.jsonl"
     cmd = [
         sys.executable, "-m", "nmt.train", *MODELS["r"], *args.nmt_overrides,
