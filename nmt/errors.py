@@ -15,3 +15,8 @@ class CorpusError(NmtError, ValueError):
 
 class CheckpointError(NmtError, RuntimeError):
     """A checkpoint that cannot be used (missing, truncated, corrupt, foreign, wrong version)."""
+
+
+def line_list(lines: list[int], most: int = 20) -> str:
+    """Line numbers for a message: ``2, 4, 9``, the first ``most`` of them and ``, ...`` after."""
+    return ", ".join(map(str, lines[:most])) + (", ..." if len(lines) > most else "")

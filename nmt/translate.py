@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from nmt.cli import check_paths, command
 from nmt.config import register_configs
+from nmt.errors import line_list
 
 if TYPE_CHECKING:
     from nmt.translator import Translation, Translator, Workers
@@ -61,7 +62,7 @@ def read_lines(f: TextIO, odd: list[int] | None = None) -> Iterator[str]:
 
 def report_odd_lines(odd: list[int], name: str) -> None:
     if odd:
-        shown = ", ".join(map(str, odd[:20])) + (", ..." if len(odd) > 20 else "")
+        shown = line_list(odd)
         log.warning(
             "%s: %d line(s) hold NUL bytes or bytes that are not UTF-8 (is it a text file?): lines %s; "
             "translated with those bytes as they decode (U+FFFD for non-UTF-8)",

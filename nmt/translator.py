@@ -21,7 +21,7 @@ import torch
 
 from nmt.data.batching import eval_batches
 from nmt.data.tokenizer import Tokenizer
-from nmt.errors import NmtError
+from nmt.errors import NmtError, line_list
 from nmt.search import Hypothesis, Searchable, SearchOptions, beam_search
 from nmt.shortlist import Shortlist
 
@@ -100,7 +100,7 @@ class Translator:
 def report_truncated(lines: list[int], name: str, limit: int) -> None:
     """One warning naming the input lines (1-based) whose sources were cut to their first ``limit`` pieces."""
     if lines:
-        shown = ", ".join(map(str, lines[:20])) + (", ..." if len(lines) > 20 else "")
+        shown = line_list(lines)
         log.warning(
             "%s: %d line%s longer than max_input_len=%d pieces %s truncated to the first %d: line%s %s "
             "(max_input_len=N raises the limit)",
