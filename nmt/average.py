@@ -9,13 +9,14 @@ optimiser state: it is for translating, not for resuming.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from nmt.cli import check_paths, command
 from nmt.config import register_configs
 from nmt.errors import ConfigError
-from nmt.rundir import RunDir
+from nmt.rundir import RunDir, training_checkpoint
 
 # Startup: only the launcher is imported up front (a mistake answers in about a second); torch and
 # the checkpoint code come in when there is something to average.
@@ -38,6 +39,12 @@ def newest(run_dir: str, n: int) -> list[str]:
 def main(cfg: DictConfig) -> None:
     paths = list(cfg.checkpoints) or (newest(cfg.run_dir, cfg.last) if cfg.run_dir else [])
     check_paths(paths, (), [cfg.output])  # before torch: missing files, and output= one of the averaged
+    if training_checkpoint(cfg.output):  # replaced by weights only: resume (last.pt) or the run's choice (best.pt) lost
+        beside = Path(cfg.output).parent / f"averaged_{len(paths)}.pt"
+        raise ConfigError(
+            f"output={cfg.output} is a checkpoint of its training run, which the average (weights only, for "
+            f"translating) would replace; write it beside them, e.g. output={beside}"
+        )
     import torch
 
     from nmt import checkpoint

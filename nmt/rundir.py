@@ -102,6 +102,14 @@ def no_checkpoint(path: str | Path, key: str = "checkpoint") -> str:
     return f"{path}: a folder, not a checkpoint file; give one of its checkpoints ({names}), e.g. {example}"
 
 
+def training_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` names an existing checkpoint a training run wrote for itself (``checkpoints/`` best.pt,
+    last.pt or step_N.pt): resumed from, or its chosen model. By name, without loading it (no torch)."""
+    p = Path(path)
+    named = p.name in ("best.pt", "last.pt") or bool(_STEP_FILE.fullmatch(p.name))
+    return named and p.parent.name == "checkpoints" and p.is_file()
+
+
 class RunDir:
     """The files of one training run under ``root`` (see the module docstring for the layout).
 

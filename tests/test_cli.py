@@ -262,6 +262,27 @@ def test_a_fresh_run_over_a_folders_checkpoints_is_refused_and_they_are_kept(tmp
     assert fresh_run_over_checkpoints(cfg, ["trainer.max_steps=5"]) is None  # Hydra's own new outputs/DATE/TIME
 
 
+@pytest.mark.parametrize("name", ["best.pt", "last.pt", "step_5.pt"])
+def test_average_refuses_to_write_over_a_runs_own_checkpoint(name, tmp_path):
+    """``nmt.average run_dir=R output=R/checkpoints/best.pt`` replaced the run's chosen model (or last.pt, what a
+    resume reads) with weights only: refused in one line before torch, the file kept; averaged.pt is allowed."""
+    from nmt.rundir import training_checkpoint
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for f in ("best.pt", "last.pt", "step_5.pt", "step_10.pt", "step_20.pt"):
+        (ckpts / f).write_bytes(f.encode())
+    line = refused_before_torch(
+        "nmt.average", [f"run_dir={tmp_path / 'run'}", "last=2", f"output={ckpts / name}"], tmp_path
+    )
+    assert line.endswith(
+        f"output={ckpts / name} is a checkpoint of its training run, which the average (weights only, for translating) "
+        f"would replace; write it beside them, e.g. output={ckpts / 'averaged_2.pt'}"
+    ), line
+    assert (ckpts / name).read_bytes() == name.encode()
+    assert not training_checkpoint(ckpts / "averaged.pt") and not training_checkpoint(tmp_path / "best.pt")
+
+
 def test_python_m_nmt_lists_the_commands_and_points_a_subcommand_to_its_module(tmp_path):
     """``python -m nmt`` was Python's "'nmt' is a package and cannot be directly executed": it lists every
     command (each one a module that runs), and ``python -m nmt train ...`` names the command to type instead."""
