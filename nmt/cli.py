@@ -297,6 +297,8 @@ def several_values(cmd: Command, key: str, text: str) -> str:
         write = "a text with commas is quoted, 'a,b'"
     elif kind.startswith("a list"):
         write = "a list is written [a,b]"
+    elif kind:
+        write = f"{key} takes {kind}"
     else:
         write = "a list is written [a,b], a text with commas 'a,b'"
     return f"{text}: {how}; {write}{_ensemble_hint(cmd, key)}"
@@ -343,8 +345,10 @@ def where_keys_are(cmd: Command, key: str, keys: Sequence[str]) -> str:
     return f"python -m {cmd.module} --cfg job prints every key with its value"
 
 
-def check_overrides(cmd: Command, overrides: Sequence[Any]) -> list[str]:
-    """Unknown keys and config options (with a did-you-mean), and swept values outside a choice key's table."""
+def check_overrides(cmd: Command, overrides: Sequence[Any], multirun: bool = True) -> list[str]:
+    """Unknown keys and config options (with a did-you-mean), and swept values outside a choice key's table.
+    Without ``multirun``, a key's several values (``data.columns=0,1``) are left to ``several_values``, which says
+    how to write a list, rather than each value judged alone ("data.columns=1: expected a list")."""
     keys, groups = schema_keys(cmd.schema), dict(cmd.groups)
     problems = []
     for o in overrides:
@@ -374,7 +378,7 @@ def check_overrides(cmd: Command, overrides: Sequence[Any]) -> list[str]:
             problems.append(f"{key} is a section, not a key: set its keys one by one ({', '.join(some)}, ...)")
         elif o.is_sweep_override() and allowed(key):
             problems += [p for p in map(functools.partial(bad_choice, key), values) if p]
-        elif o.is_sweep_override():  # each job would stop on its own with Hydra's multi-line error
+        elif o.is_sweep_override() and multirun:  # each job would stop on its own with Hydra's multi-line error
             problems += [p for p in (wrong_sweep_value(cmd, key, v) for v in o.sweep_iterator()) if p]
     return problems
 
@@ -406,7 +410,7 @@ def preflight(
         parsed = parser.parse_overrides(list(overrides))
     except Exception as e:  # noqa: BLE001  (Hydra's syntax errors: reported in one line)
         raise Stop([unreadable(parser, overrides) or _one_line(e)]) from None
-    if problems := check_overrides(cmd, parsed):
+    if problems := check_overrides(cmd, parsed, multirun):
         raise Stop(problems)
     ours = [o for o in parsed if not o.key_or_group.startswith("hydra")]
     if not multirun and (several := [o for o in ours if o.is_sweep_override()]):

@@ -172,6 +172,13 @@ def test_a_sweep_is_checked_job_by_job_and_a_problem_of_some_jobs_names_them():
     assert e.value.lines == [
         "attention=dot,general: several values sweep, which needs -m; a list is written [a,b], a text with commas 'a,b'"
     ]
+    # a list key given a,b (its values were judged one by one: "data.columns=1: expected a list"), a number key
+    with pytest.raises(Stop) as e:
+        preflight(train, ["data.columns=0,1", "trainer.lr=fast,0.1"], multirun=False)
+    assert e.value.lines == [
+        "data.columns=0,1: several values sweep, which needs -m; a list is written [a,b]",
+        "trainer.lr=fast,0.1: several values sweep, which needs -m; trainer.lr takes a number",
+    ]
 
 
 def test_a_value_far_down_a_long_sweep_is_checked_before_its_first_job():
