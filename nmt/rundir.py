@@ -106,8 +106,9 @@ def training_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` names an existing checkpoint a training run wrote for itself (``checkpoints/`` best.pt,
     last.pt or step_N.pt): resumed from, or its chosen model. By name, without loading it (no torch)."""
     p = Path(path)
-    named = p.name in ("best.pt", "last.pt") or bool(_STEP_FILE.fullmatch(p.name))
-    return named and p.parent.name == "checkpoints" and p.is_file()
+    run = RunDir(p.parent.parent)
+    own = (run.best, run.last, *(q for _, q in run.step_checkpoints()))
+    return p.is_file() and p.parent == run.checkpoints and p in own
 
 
 class RunDir:
