@@ -20,6 +20,10 @@ checkpoint's decoding defaults.
   (``nmt.shortlist``), stored in ``best.pt`` and ``averaged.pt``; the decoding commands search each batch
   over it when told ``shortlist=true``. The decoding defaults above are chosen over the whole vocabulary.
 
+What was written is recorded in the run's ``finished.json`` (``RunDir.write_finished``) with the step and the
+settings. A resume that trains no further step (the limit was already reached) with the same settings keeps it
+instead of spending the minutes again; another step, other settings or a missing file and the end is done again.
+
 Plain objects: the grid, the switches and the shortlist builder come from ``nmt.training.build_finisher``.
 """
 
@@ -32,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nmt import checkpoint
 from nmt.heartbeat import heartbeat
@@ -105,6 +110,29 @@ class Finished:
         """'; decodes with beam 5, length penalty 1.0 (valid BLEU ...)' when ``path``'s defaults were chosen."""
         return f"; decodes with {describe(self.decoding[path])}" if path in self.decoding else ""
 
+    def record(self) -> dict[str, Any]:
+        """As JSON (``finished.json``): checkpoints by file name, so a run folder that was moved still reads."""
+        return {
+            "averaged": None if self.averaged is None else self.averaged.name,
+            "averaged_from": [Path(f).name for f in self.averaged_from],
+            "averaged_bleu": self.averaged_bleu,
+            "decoding": {p.name: choice for p, choice in self.decoding.items()},
+        }
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any], folder: Path) -> Finished:
+        """The record's checkpoints as paths in ``folder`` (the run's ``checkpoints/``)."""
+        return cls(
+            averaged=None if r["averaged"] is None else folder / r["averaged"],
+            averaged_from=[str(folder / f) for f in r["averaged_from"]],
+            averaged_bleu=r["averaged_bleu"],
+            decoding={folder / name: choice for name, choice in r["decoding"].items()},
+        )
+
+    def files(self) -> list[Path]:
+        """The checkpoints it wrote or rewrote."""
+        return list(dict.fromkeys(p for p in (self.averaged, *self.decoding) if p is not None))
+
     def recommended(self, best: Path, best_bleu: float) -> Path:
         """The checkpoint to translate with: averaged.pt when it scores higher on valid than best.pt (each with
         its chosen decoding when both were tuned, else with the validation search)."""
@@ -126,15 +154,65 @@ class Finisher:
         grid: DecodingGrid | None = None,
         shortlist: Callable[[], Shortlist] | None = None,
         min_bleu: float = 0.0,
+        settings: dict[str, Any] | None = None,
     ):
         self.rundir, self.average_last, self.grid, self.shortlist = rundir, average_last, grid, shortlist
         self.min_bleu = min_bleu  # a checkpoint validated below this gets no decoding defaults
+        # What the end of the run was asked to do (the config's keys, from build_finisher): finished.json holds
+        # them, and a resume asking for anything else does the end again.
+        self.settings = settings if settings is not None else self._own_settings()
+
+    def _own_settings(self) -> dict[str, Any]:
+        grid = None if self.grid is None else [list(self.grid.beam_sizes), list(self.grid.length_penalties)]
+        return {
+            "average_last": self.average_last,
+            "grid": grid,
+            "shortlist": self.shortlist is not None,
+            "min_bleu": self.min_bleu,
+        }
 
     def __call__(self, model: Seq2Seq, validator: Validator, progress: Progress) -> Finished:
         done = Finished()
         asked = self.average_last or self.grid or self.shortlist
         if not asked or progress.best_bleu < 0:  # nothing asked, or never validated
             return done
+        if (kept := self.done_before(progress)) is not None:
+            log.info(
+                "the end of this run was done when it stopped at step %d before, with the same settings, and is kept "
+                "(%s; recorded in %s)",
+                progress.step,
+                self._describe(kept),
+                self.rundir.finished,
+            )
+            return kept
+        done = self._finish(model, validator, progress)
+        record = {"step": progress.step, "best_bleu": progress.best_bleu, "settings": self.settings}
+        self.rundir.write_finished({**record, **done.record()})
+        return done
+
+    def _describe(self, done: Finished) -> str:
+        parts = [done.averaged.name] if done.averaged is not None else []
+        if done.decoding:
+            parts.append("decoding defaults of " + " and ".join(p.name for p in done.decoding))
+        if self.shortlist is not None:
+            parts.append("the vocabulary shortlist")
+        return ", ".join(parts) or "nothing to write"
+
+    def done_before(self, progress: Progress) -> Finished | None:
+        """What ``finished.json`` says the end of the run wrote, when that was at this step and best valid BLEU,
+        with these settings, and its files are all still there; else None."""
+        r = self.rundir.read_finished()
+        at = {"step": progress.step, "best_bleu": progress.best_bleu, "settings": self.settings}
+        if r is None or any(r.get(k) != v for k, v in at.items()):
+            return None
+        try:
+            kept = Finished.from_record(r, self.rundir.checkpoints)
+        except (KeyError, TypeError, AttributeError):
+            return None
+        return kept if all(p.is_file() for p in (self.rundir.best, *kept.files())) else None
+
+    def _finish(self, model: Seq2Seq, validator: Validator, progress: Progress) -> Finished:
+        done = Finished()
         extra = {}  # what every finished checkpoint stores besides its own decoding choice
         if self.shortlist is not None:
             start = time.monotonic()

@@ -18,10 +18,13 @@ A run directory (Hydra's ``outputs/DATE/TIME/``, or ``hydra.run.dir``)::
     checkpoints/best.pt     weights only, to translate
     checkpoints/averaged.pt weights only: the mean of the newest ``trainer.average_last`` step_N.pt
     checkpoints/step_N.pt   the newest ``trainer.keep_last``, to resume from or to average
+    finished.json           what the end of the run wrote (``nmt.finishing``), so a resume that trains no
+                            further step does not redo it
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -126,6 +129,7 @@ class RunDir:
         self.metrics = self.root / "metrics.jsonl"
         self.log = self.root / "train.log"
         self.attention = self.root / "attention"
+        self.finished = self.root / "finished.json"
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
@@ -143,6 +147,22 @@ class RunDir:
         path = self.checkpoints / name
         checkpoint.save(path, state)
         return path
+
+    def write_finished(self, record: dict[str, Any]) -> Path:
+        """Write ``finished.json`` atomically: what the end of the run wrote and at which step (``nmt.finishing``)."""
+        return atomic_write(self.finished, lambda f: f.write(json.dumps(record, indent=1).encode()))
+
+    def read_finished(self) -> dict[str, Any] | None:
+        """``finished.json``'s record, or None when there is none or it cannot be read (the run is then
+        finished again, which loses nothing)."""
+        try:
+            record = json.loads(self.finished.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            log.warning("%s: not readable (%s); the end of the run is done again", self.finished, e)
+            return None
+        return record if isinstance(record, dict) else None
 
     def step_checkpoints(self) -> list[tuple[int, Path]]:
         """``[(step, path)]`` of the ``step_N.pt`` files, oldest step first (step_2 before step_10)."""

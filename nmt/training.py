@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 from pathlib import Path
@@ -271,7 +272,21 @@ def build_finisher(
     make = None
     if t.shortlist and train is not None and tokenizer is not None:
         make = functools.partial(build_shortlist, t, train, tokenizer)
-    return Finisher(rundir, t.average_last, grid, make, t.tune_min_bleu)
+    # as finished.json will read back: lists for sequences (a config's ListConfig too)
+    settings = json.loads(json.dumps({k: getattr(t, k) for k in FINISHING_KEYS}, default=list))
+    return Finisher(rundir, t.average_last, grid, make, t.tune_min_bleu, settings)
+
+
+FINISHING_KEYS = (  # the trainer.* keys that decide what the end of a run writes
+    "average_last",
+    "tune_decoding",
+    "tune_beam_sizes",
+    "tune_length_penalties",
+    "tune_min_bleu",
+    "shortlist",
+    "shortlist_frequent",
+    "shortlist_per_source",
+)
 
 
 def build_shortlist(t: Any, train: CorpusSpec, tokenizer: Tokenizer) -> Shortlist:

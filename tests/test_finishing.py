@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +21,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist
 from nmt.errors import ConfigError, NmtError
 from nmt.finishing import DecodingGrid, Finished, choose_decoding, choose_stop
-from nmt.rundir import RunDir
+from nmt.rundir import RunDir, step_name
 from nmt.runner import finish
 from nmt.runtime import load_translator, search_options
 from nmt.search import SearchOptions
@@ -321,3 +322,66 @@ def test_tune_min_bleu_is_a_bleu_score():
     cfg.trainer.tune_min_bleu = -1
     with pytest.raises(ConfigError, match=r"trainer.tune_min_bleu=-1.0: expected a BLEU score in \[0, 100\]"):
         validate(cfg, "train")
+
+
+def test_a_resume_that_trains_no_further_keeps_the_end_of_the_run(finished_run, tmp_path):
+    """Resuming a run that had reached its limit used to redo the averaging, the shortlist and the decoding grid
+    (minutes on the real corpus) for the same files. finished.json records them; a resume at the same step with
+    the same settings keeps them (a moved run folder too), other settings do the end again."""
+    rundir, cache, _ = finished_run
+    moved = RunDir(tmp_path / "moved")
+    shutil.copytree(rundir.root, moved.root)
+    args = finished_args(rundir) + [f"hydra.run.dir={moved.root}", "trainer.resume=true"]
+    before = {p: p.read_bytes() for p in (moved.best, moved.averaged)}
+    again = run_module("nmt.train", args, cache)
+    assert "the end of this run was done when it stopped at step 60 before, with the same settings" in again.stderr
+    assert "choosing decoding defaults" not in again.stderr and "vocabulary shortlist:" not in again.stderr
+    assert {p: p.read_bytes() for p in before} == before
+    d = checkpoint.load(moved.averaged)["decoding"]  # the last lines still name what the files hold
+    assert f"{moved.averaged}; decodes with beam {d['beam_size']}" in again.stderr
+    other = run_module("nmt.train", [*args, "trainer.tune_beam_sizes=[1,3]"], cache)
+    assert (
+        "choosing decoding defaults for best.pt" in other.stderr and "the end of this run was done" not in other.stderr
+    )
+    assert json.loads(moved.finished.read_text())["settings"]["tune_beam_sizes"] == [1, 3]
+
+
+def finished_args(rundir: RunDir) -> list[str]:
+    """finished_run's command line, less its run folder (Hydra's overrides.yaml of the run)."""
+    return [o for o in rundir.overrides() if not o.startswith("hydra.run.dir=")]
+
+
+def test_finished_json_is_kept_only_for_the_same_step_settings_and_files(tmp_path, caplog):
+    from nmt.finishing import Finisher
+
+    rundir = RunDir(tmp_path)
+    model = torch.nn.Linear(2, 2)
+    cfg = {"encoder": {}, "attention": {}, "decoder": {}}
+    for step in (10, 20):
+        rundir.write_checkpoint(
+            step_name(step), {"model": model.state_dict(), "step": step, "tokenizer": {}, "config": cfg}
+        )
+    rundir.write_checkpoint("best.pt", {"model": model.state_dict(), "step": 20, "tokenizer": {}, "config": cfg})
+    scored = []
+    validator = SimpleNamespace(bleu=lambda *a, **k: scored.append(1) or 2.0, sentences=4)
+    finisher = Finisher(rundir, average_last=2, grid=DecodingGrid(beam_sizes=(1,)))
+    first = finisher(model, validator, Progress(step=20, best_bleu=1.0))
+    assert first.averaged == rundir.averaged and set(first.decoding) == {rundir.best, rundir.averaged}
+    n = len(scored)
+    with caplog.at_level(logging.INFO, logger="nmt.finishing"):
+        kept = finisher(model, validator, Progress(step=20, best_bleu=1.0))
+    assert len(scored) == n and kept == first and "is kept (averaged.pt, decoding defaults of" in caplog.text
+    # Anything else and the end is done again: another step, other settings, a file gone, a damaged record.
+    assert finisher.done_before(Progress(step=30, best_bleu=1.0)) is None
+    assert (
+        Finisher(rundir, average_last=3, grid=DecodingGrid(beam_sizes=(1,))).done_before(Progress(20, best_bleu=1.0))
+        is None
+    )
+    rundir.averaged.unlink()
+    assert finisher.done_before(Progress(step=20, best_bleu=1.0)) is None
+    finisher(model, validator, Progress(step=20, best_bleu=1.0))
+    assert len(scored) > n and rundir.averaged.is_file()
+    rundir.finished.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="nmt.rundir"):
+        assert finisher.done_before(Progress(step=20, best_bleu=1.0)) is None
+    assert "finished.json: not readable" in caplog.text
