@@ -286,6 +286,25 @@ NO_SWEEP = {
 }
 
 
+# Keys naming a file that every job of a sweep would write in turn, each overwriting the last: refused with -m.
+ONE_FILE_PER_RUN = {
+    "evaluate": {
+        "hypotheses": "every job would write its translations to it in turn, and only the last job's would be left; "
+        "run the evaluation whose translations you want without -m (a sweep's json= gets every job's scores)",
+    },
+}
+
+
+def one_file_per_run(cmd: Command, overrides: Sequence[str]) -> str | None:
+    """The one line refusing a ``-m`` sweep that sets a key of ``ONE_FILE_PER_RUN``, or None."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        why = ONE_FILE_PER_RUN.get(cmd.name, {}).get(key.lstrip("+"))
+        if why and value not in ("", "null"):
+            return f"-m with {key}={value}: {why}"
+    return None
+
+
 def several_values(cmd: Command, key: str, text: str) -> str:
     """``key=a,b`` on a command line without -m, said in one line: how to sweep (where the command sweeps) and
     how to write a list or a text with commas instead."""
@@ -603,6 +622,8 @@ def launch(
         _fail(cmd, [f"-m and {flag} together: {flag} shows one run's config; drop -m and give one value per key"])
     if args.multirun and cmd.name in NO_SWEEP:  # a translate sweep over stdin died in its second job's traceback
         _fail(cmd, [f"-m: {cmd.module} runs no sweeps: {NO_SWEEP[cmd.name]}"])
+    if args.multirun and (one := one_file_per_run(cmd, args.overrides)):
+        _fail(cmd, [one])
     # Hydra's own modes, and other config sources than ours, pass through unchecked.
     passthrough = (args.hydra_help, args.cfg, args.info, args.shell_completion, args.config_path, args.config_name)
     if not any(passthrough) and not args.config_dir and not args.experimental_rerun:

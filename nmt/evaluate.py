@@ -133,7 +133,7 @@ def check_direction(trained: tuple[int, int] | None, given: tuple[int, int] | No
 
 
 @command("evaluate")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> dict:
     # baseline: a checkpoint decoded with the same search settings, or a file of hypotheses, one per input line
     model_baseline = cfg.baseline if cfg.baseline and cfg.baseline.endswith(".pt") else None
     file_baseline = None if model_baseline else cfg.baseline
@@ -176,8 +176,17 @@ def main(cfg: DictConfig) -> None:
     print(format_table(cfg.checkpoint, cfg.input, f"sampled, seed {o.sample_seed}" if o.sample else beam, s))
     if cfg.hypotheses:
         Path(cfg.hypotheses).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    if cfg.json:
+    if cfg.json and not in_sweep():  # a sweep writes json= once, every job's scores (nmt.sweep.EvaluateSweep)
         Path(cfg.json).write_text(json.dumps(s, indent=1) + "\n")
+    return s
+
+
+def in_sweep() -> bool:
+    """Whether this is a job of a ``-m`` sweep."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 if __name__ == "__main__":

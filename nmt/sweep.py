@@ -7,7 +7,9 @@ and, when the sweep varied anything else, the other keys whose values differ bet
 (``decoder.hidden_size=256``), so the same report works for any user sweep. Jobs whose configs
 differ only in ``seed`` form one variant, reported as mean ± spread over its seeds.
 
-No model is loaded here: ``nmt.report`` decodes, this module only reads configs and metrics.
+No model is loaded here: ``nmt.report`` decodes, this module only reads configs and metrics. The two Hydra
+callbacks that end a sweep live here too: ``SweepSummary`` (``nmt.train -m``) and ``EvaluateSweep``
+(``nmt.evaluate -m``).
 """
 
 from __future__ import annotations
@@ -196,7 +198,8 @@ def mean_spread(values: list[float]) -> tuple[float, float]:
 def resume_sweep_command(sweep: Path) -> str | None:
     """The command that continues the sweep in ``sweep`` (its ``multirun.yaml`` holds the sweep's overrides):
     each job resumes from its own folder, found by the same name (configs/config.yaml leaves trainer.resume out
-    of job names); a job with no checkpoint yet starts, a finished one stops at once and is finished again.
+    of job names); a job with no checkpoint yet starts, a finished one stops at once and keeps what its end wrote
+    (``finished.json``).
     None when ``sweep`` holds no multirun.yaml (a single run)."""
     from nmt.config import override, train_command
 
@@ -229,3 +232,80 @@ class SweepSummary(Callback):
         lines += [f"  (no result) {f.name}: {why}" for f, why in skipped]
         lines.append(f"tables, curves and attention statistics: python -m nmt.report {shlex.quote(str(sweep))}")
         print("\n".join(lines), file=sys.stderr)
+
+
+def override_values(overrides: Iterable[str]) -> dict[str, str]:
+    """``["beam_size=5", "checkpoint=a.pt"]`` → ``{"beam_size": "5", "checkpoint": "a.pt"}``, Hydra's own keys left
+    out."""
+    pairs = (o.split("=", 1) for o in overrides if "=" in o)
+    return {k.lstrip("+~"): v for k, v in pairs if not k.lstrip("+~").startswith("hydra.")}
+
+
+def evaluation_table(jobs: list[tuple[dict[str, str], dict]]) -> list[str]:
+    """``nmt.evaluate -m``'s last lines: one row per job (its overrides, its scores), best BLEU first, with a column
+    for each key whose value differs between the jobs (the swept ones)."""
+    keys = list(dict.fromkeys(k for o, _ in jobs for k in o))  # in command-line order
+    swept = [k for k in keys if len({o.get(k) for o, _ in jobs}) > 1] or keys[:1]
+    lines = [
+        f"{len(jobs)} evaluations, best BLEU first:",
+        "| " + " | ".join([*swept, "BLEU", "chrF", "TER", "lines"]) + " |",
+        "|" + "---|" * len(swept) + "---:|---:|---:|---:|",
+    ]
+    for o, s in sorted(jobs, key=lambda j: -j[1]["bleu"]):
+        cells = [o.get(k, "") for k in swept] + [
+            f"{s['bleu']:.2f}",
+            f"{s['chrf']:.2f}",
+            f"{s['ter']:.2f}",
+            str(s["lines"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def remove_empty_sweep(sweep: Path, job_dirs: Iterable[Path], empty_parents: int) -> None:
+    """Remove what Hydra made for a sweep whose jobs wrote nothing: the empty job folders, then ``multirun.yaml``
+    and the sweep folder when nothing else is left in it, then up to ``empty_parents`` of its parents left empty
+    (Hydra's ``multirun/DATE/``, ``multirun/``)."""
+    for d in job_dirs:
+        try:
+            d.rmdir()
+        except OSError:  # not empty, or gone
+            pass
+    if not sweep.is_dir() or {p.name for p in sweep.iterdir()} - {"multirun.yaml"}:
+        return
+    (sweep / "multirun.yaml").unlink(missing_ok=True)
+    for folder in [sweep, *sweep.parents[:empty_parents]]:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+class EvaluateSweep(Callback):
+    """``nmt.evaluate -m``'s end (registered in configs/evaluate.yaml): one table of every job's scores, ``json=``
+    written once as the list of them (the jobs write none, so the last would not overwrite the others), and no
+    empty job folders left behind (an evaluation writes nothing into its folder). The basic launcher runs the
+    jobs in this process, so their scores reach ``on_job_end``."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[dict[str, str], dict]] = []
+        self.dirs: list[Path] = []
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        out = OmegaConf.select(job_return.hydra_cfg or {}, "hydra.runtime.output_dir", default=None)
+        if out:
+            self.dirs.append(Path(out))
+        value = getattr(job_return, "_return_value", None)  # .return_value raises for a failed job
+        if isinstance(value, dict) and "bleu" in value:
+            self.jobs.append((override_values(job_return.overrides or []), value))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.jobs:
+            print("\n" + "\n".join(evaluation_table(self.jobs)), flush=True)
+        json_path = OmegaConf.select(config, "json", default=None)
+        if json_path and self.jobs:
+            rows = [{"overrides": o, **s} for o, s in self.jobs]
+            Path(json_path).write_text(json.dumps(rows, indent=1) + "\n")
+            print(f"all {len(rows)} evaluations' scores: {json_path}", file=sys.stderr)
+        given = any(o.startswith("hydra.sweep.dir=") for o in OmegaConf.select(config, "hydra.overrides.hydra") or [])
+        remove_empty_sweep(Path(config.hydra.sweep.dir), self.dirs, 0 if given else 2)

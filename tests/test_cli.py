@@ -217,6 +217,11 @@ def test_a_sweep_asked_for_its_config_is_one_line(tmp_path):
         ),
         ("nmt.serve", ["-m", "checkpoint=a.pt,b.pt"], "-m: nmt.serve runs no sweeps: its first job would serve until"),
         ("nmt.average", ["-m", "last=2,3", "run_dir=r", "output=o.pt"], "-m: nmt.average runs no sweeps: its jobs"),
+        (
+            "nmt.evaluate",
+            ["-m", "checkpoint=a.pt", "input=t.tsv", "beam_size=1,5", "hypotheses=h.txt"],
+            "-m with hypotheses=h.txt: every job would write its translations to it in turn, and only the last job's",
+        ),
     ],
 )
 def test_commands_that_cannot_sweep_refuse_m_before_any_work(module, argv, says, tmp_path):

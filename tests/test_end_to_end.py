@@ -177,6 +177,36 @@ def test_evaluate_cli_reports_scores_with_signatures(trained, tmp_path, sample_d
     assert s["lines"] == 200 and 0 <= s["bleu"] <= 100 and s["chrf"] > 0
 
 
+def test_an_evaluate_sweep_ends_with_one_table_and_one_json_and_leaves_no_folders(trained, tmp_path, sample_dir):
+    """nmt.evaluate -m (the way translate's -m refusal points to for comparing search settings) printed one table per
+    job and nothing comparing them, each job wrote json= over the last, and it left multirun/DATE/TIME/0..N empty
+    in the folder it ran from: now the last lines table every job, best BLEU first, json= lists them all, and the
+    empty folders are gone."""
+    run, cache, _ = trained
+    proc = run_module(
+        "nmt.evaluate",
+        [
+            "-m",
+            f"checkpoint={run}/checkpoints/best.pt",
+            f"input={sample_dir}/valid.tsv",
+            "beam_size=1,3",
+            "json=all.json",
+        ],
+        cache,
+        cwd=tmp_path,
+    )
+    each = [float(b) for b in re.findall(r"^\| BLEU \| ([\d.]+) \|", proc.stdout, re.M)]
+    assert len(each) == 2
+    table = proc.stdout[proc.stdout.index("2 evaluations, best BLEU first:") :].splitlines()
+    assert table[1] == "| beam_size | BLEU | chrF | TER | lines |"  # the swept key only: checkpoint= was one value
+    rows = [r.split(" | ") for r in table[3:5]]
+    assert sorted(r[0].strip("| ") for r in rows) == ["1", "3"] and [float(r[1]) for r in rows] == sorted(each)[::-1]
+    listed = json.loads((tmp_path / "all.json").read_text())
+    assert [r["overrides"]["beam_size"] for r in listed] == ["1", "3"] and [r["bleu"] for r in listed] == each
+    assert [r["beam_size"] for r in listed] == [1, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.json"]  # no multirun/ left behind
+
+
 def test_resume_continues_from_the_saved_step(trained, tmp_path):
     run, cache, _ = trained
     copy = tmp_path / "run"
