@@ -246,8 +246,10 @@ def evaluation_table(jobs: list[tuple[dict[str, str], dict]]) -> list[str]:
     for each key whose value differs between the jobs (the swept ones)."""
     keys = list(dict.fromkeys(k for o, _ in jobs for k in o))  # in command-line order
     swept = [k for k in keys if len({o.get(k) for o, _ in jobs}) > 1] or keys[:1]
+    inputs = {o.get("input") for o, _ in jobs}
+    on = f" on {inputs.pop()}" if len(inputs) == 1 and None not in inputs else ""
     lines = [
-        f"{len(jobs)} evaluations, best BLEU first:",
+        f"{len(jobs)} evaluations{on}, best BLEU first:",
         "| " + " | ".join([*swept, "BLEU", "chrF", "TER", "lines"]) + " |",
         "|" + "---|" * len(swept) + "---:|---:|---:|---:|",
     ]

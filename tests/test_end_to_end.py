@@ -197,7 +197,7 @@ def test_an_evaluate_sweep_ends_with_one_table_and_one_json_and_leaves_no_folder
     )
     each = [float(b) for b in re.findall(r"^\| BLEU \| ([\d.]+) \|", proc.stdout, re.M)]
     assert len(each) == 2
-    table = proc.stdout[proc.stdout.index("2 evaluations, best BLEU first:") :].splitlines()
+    table = proc.stdout[proc.stdout.index(f"2 evaluations on {sample_dir}/valid.tsv, best BLEU first:") :].splitlines()
     assert table[1] == "| beam_size | BLEU | chrF | TER | lines |"  # the swept key only: checkpoint= was one value
     rows = [r.split(" | ") for r in table[3:5]]
     assert sorted(r[0].strip("| ") for r in rows) == ["1", "3"] and [float(r[1]) for r in rows] == sorted(each)[::-1]
