@@ -297,6 +297,17 @@ def disk_usage(path: str | Path) -> int:
 # trainer.allow_changes: limits, where it runs, how it logs, and implementation choices that do not
 # change the maths (trainer.amp: the weights and optimiser state are float32 under every precision, and
 # auto may choose differently on another CPU). Entries ending in "." are prefixes.
+# The trainer.* keys that decide what the end of a run writes (nmt.finishing; finished.json records them).
+FINISHING_KEYS = (
+    "average_last",
+    "tune_decoding",
+    "tune_beam_sizes",
+    "tune_length_penalties",
+    "tune_min_bleu",
+    "shortlist",
+    "shortlist_frequent",
+    "shortlist_per_source",
+)
 RESUME_MAY_CHANGE = (
     "model.rnn_impl",
     "trainer.amp",
@@ -314,14 +325,7 @@ RESUME_MAY_CHANGE = (
     "trainer.tensorboard",
     "trainer.checkpoint_minutes",
     "trainer.threads",
-    "trainer.average_last",  # these act only once training has ended
-    "trainer.tune_decoding",
-    "trainer.tune_beam_sizes",
-    "trainer.tune_length_penalties",
-    "trainer.tune_min_bleu",
-    "trainer.shortlist",
-    "trainer.shortlist_frequent",
-    "trainer.shortlist_per_source",
+    *(f"trainer.{k}" for k in FINISHING_KEYS),  # these act only once training has ended
     "device",
     "data.dir",
     "data.num_workers",

@@ -29,7 +29,7 @@ from nmt.finishing import DecodingGrid, Finisher
 from nmt.logger import RunLogger
 from nmt.models.rnn import describe_tanh, kernel_choices
 from nmt.models.seq2seq import Seq2Seq
-from nmt.rundir import RESUME_MAY_CHANGE, RunDir, may_change
+from nmt.rundir import FINISHING_KEYS, RESUME_MAY_CHANGE, RunDir, may_change
 from nmt.schedules import BudgetDecay, step_decay
 from nmt.search import SearchOptions
 from nmt.shortlist import Shortlist
@@ -275,18 +275,6 @@ def build_finisher(
     # as finished.json will read back: lists for sequences (a config's ListConfig too)
     settings = json.loads(json.dumps({k: getattr(t, k) for k in FINISHING_KEYS}, default=list))
     return Finisher(rundir, t.average_last, grid, make, t.tune_min_bleu, settings)
-
-
-FINISHING_KEYS = (  # the trainer.* keys that decide what the end of a run writes
-    "average_last",
-    "tune_decoding",
-    "tune_beam_sizes",
-    "tune_length_penalties",
-    "tune_min_bleu",
-    "shortlist",
-    "shortlist_frequent",
-    "shortlist_per_source",
-)
 
 
 def build_shortlist(t: Any, train: CorpusSpec, tokenizer: Tokenizer) -> Shortlist:

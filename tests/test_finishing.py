@@ -21,7 +21,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.distributed import Dist
 from nmt.errors import ConfigError, NmtError
 from nmt.finishing import DecodingGrid, Finished, choose_decoding, choose_stop
-from nmt.rundir import RunDir, step_name
+from nmt.rundir import FINISHING_KEYS, RunDir, step_name
 from nmt.runner import finish
 from nmt.runtime import load_translator, search_options
 from nmt.search import SearchOptions
@@ -236,16 +236,8 @@ def test_average_last_without_keep_last_fails_before_any_work(tmp_path, sample_d
 
 def test_runs_from_before_these_keys_resume_and_may_turn_them_on():
     saved = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
-    for key in (
-        "average_last",
-        "tune_decoding",
-        "tune_beam_sizes",
-        "tune_length_penalties",
-        "tune_min_bleu",
-        "shortlist",
-        "shortlist_frequent",
-        "shortlist_per_source",
-    ):
+    assert set(FINISHING_KEYS) <= set(saved["trainer"])  # every key the end of a run reads is a trainer.* key
+    for key in FINISHING_KEYS:
         del saved["trainer"][key]
     current = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
     current["trainer"]["average_last"] = 2
