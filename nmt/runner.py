@@ -321,6 +321,8 @@ def finish(
             shell_quote(override("checkpoint", done.recommended(best, p.best_bleu))),
         )
         limit = result.reason.split()[1].split("=")[0] if result.reason.startswith("reached trainer.") else None
+        if limit is None and result.reason.endswith("(trainer.patience)"):  # early stopping: the patience ran out
+            limit = "trainer.patience"
         if limit:
             log.info(
                 "to train further, raise %s and resume: %s%s",
@@ -328,7 +330,7 @@ def finish(
                 resume_command(overrides, rundir.root, f"{limit}=..."),
                 "\n  (trainer.scheduler=budget then spreads its decay over the larger budget: the learning rate "
                 "rises again before it falls)"
-                if isinstance(trainer.sched, BudgetDecay) and limit != "trainer.max_epochs"
+                if isinstance(trainer.sched, BudgetDecay) and limit in ("trainer.max_steps", "trainer.max_minutes")
                 else "",
             )
     return result.last_validation

@@ -255,6 +255,30 @@ def test_an_interrupted_or_faulted_run_is_not_finished(tmp_path, how):
     assert calls == [] and not RunDir(tmp_path).averaged.exists()
 
 
+@pytest.mark.parametrize(
+    "reason,limit",
+    [
+        ("reached trainer.max_steps=40", "trainer.max_steps"),
+        ("no BLEU gain in 5 validations (trainer.patience)", "trainer.patience"),
+        ("no chrF gain in 5 validations (trainer.patience)", "trainer.patience"),
+    ],
+)
+def test_the_last_line_says_which_key_to_raise_to_train_further(reason, limit, tmp_path, caplog):
+    """A run stopped by a limit named it in its resume hint; one stopped by early stopping printed no hint, though
+    trainer.patience may change on resume as max_steps may."""
+    from nmt.trainer import EarlyStopping
+
+    p = Progress(step=40, best_bleu=3.0, best_step=20, bad_validations=5)
+    trainer = SimpleNamespace(
+        progress=p, saver=SimpleNamespace(failed=False), dist=Dist(), stopping=EarlyStopping(), sched=None
+    )
+    with caplog.at_level(logging.INFO, logger="nmt.train"):
+        finish(FitResult(reason, {}), trainer, RunDir(tmp_path), ["trainer.max_steps=40"])
+    hint = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("to train further"))
+    assert hint.startswith(f"to train further, raise {limit} and resume: python -m nmt.train ")
+    assert hint.endswith(f"trainer.resume=true {limit}=...") and "scheduler=budget" not in hint
+
+
 def test_recommended_checkpoint_is_the_better_one_on_valid(tmp_path):
     best, avg = tmp_path / "best.pt", tmp_path / "averaged.pt"
     done = Finished(averaged=avg, averaged_bleu=20.0)
