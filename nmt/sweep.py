@@ -294,7 +294,8 @@ class EvaluateSweep(Callback):
         self.dirs: list[Path] = []
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        out = OmegaConf.select(job_return.hydra_cfg or {}, "hydra.runtime.output_dir", default=None)
+        hc = getattr(job_return, "hydra_cfg", None)
+        out = None if hc is None else OmegaConf.select(hc, "hydra.runtime.output_dir", default=None)
         if out:
             self.dirs.append(Path(out))
         value = getattr(job_return, "_return_value", None)  # .return_value raises for a failed job
