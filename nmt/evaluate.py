@@ -16,7 +16,7 @@ from pathlib import Path
 import sacrebleu
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.cli import check_paths, command
+from nmt.cli import check_paths, command, in_sweep
 from nmt.config import register_configs
 from nmt.data.corpus import CorpusSpec, check_layout, load_pairs
 from nmt.errors import ConfigError, NmtError
@@ -179,14 +179,6 @@ def main(cfg: DictConfig) -> dict:
     if cfg.json and not in_sweep():  # a sweep writes json= once, every job's scores (nmt.sweep.EvaluateSweep)
         Path(cfg.json).write_text(json.dumps(s, indent=1) + "\n")
     return s
-
-
-def in_sweep() -> bool:
-    """Whether this is a job of a ``-m`` sweep."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 if __name__ == "__main__":

@@ -242,11 +242,7 @@ class RunDir:
         if not self.holds_only_hydra_files():
             return False
         shutil.rmtree(self.root, ignore_errors=True)
-        for parent in self.root.parents[:empty_parents]:
-            try:
-                parent.rmdir()
-            except OSError:  # not empty (other runs, other days): kept, and so are the ones above it
-                break
+        remove_empty_parents(self.root, empty_parents)
         return True
 
     def overrides(self) -> list[str]:
@@ -263,6 +259,16 @@ class RunDir:
         if not isinstance(found, list):
             raise ConfigError(f"{f}: expected Hydra's list of overrides, found a {type(found).__name__}")
         return [str(o) for o in found]
+
+
+def remove_empty_parents(path: Path, levels: int) -> None:
+    """Delete up to ``levels`` parents of the removed ``path`` that are left empty, nearest first (Hydra's
+    ``outputs/DATE/`` and ``outputs/``, or ``multirun/DATE/`` and ``multirun/``)."""
+    for parent in path.parents[:levels]:
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (other runs, other days): kept, and so are the ones above it
+            break
 
 
 def discover_runs(base: str | Path) -> list[RunDir]:

@@ -27,7 +27,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.config import metric_digits, selection_gain
-from nmt.rundir import RunDir
+from nmt.rundir import RunDir, remove_empty_parents
 
 # Keys that never make two jobs different variants: the seed (what a variant is averaged over) and
 # run bookkeeping that does not change the model.
@@ -276,11 +276,11 @@ def remove_empty_sweep(sweep: Path, job_dirs: Iterable[Path], empty_parents: int
     if not sweep.is_dir() or {p.name for p in sweep.iterdir()} - {"multirun.yaml"}:
         return
     (sweep / "multirun.yaml").unlink(missing_ok=True)
-    for folder in [sweep, *sweep.parents[:empty_parents]]:
-        try:
-            folder.rmdir()
-        except OSError:
-            break
+    try:
+        sweep.rmdir()
+    except OSError:
+        return
+    remove_empty_parents(sweep, empty_parents)
 
 
 class EvaluateSweep(Callback):
