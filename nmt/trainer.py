@@ -322,9 +322,16 @@ class StopSignal:
     """Turns SIGINT/SIGTERM into a flag the loop checks after each step, so it can save first. ``doing`` names
     the work the flag waits for (the step, or a validation in progress), for the line that says so."""
 
-    def __init__(self, doing: Callable[[], str] = lambda: "this step"):
+    # GNU timeout (and `kill -TERM -- -PGID`) signal the process and then its whole group, so one stop can arrive as
+    # two SIGTERMs a few milliseconds apart: a repeat within this many seconds is the same stop, not a second one.
+    # Ctrl-C reaches the process once (the terminal signals each process of the group once), so SIGINT always counts.
+    SAME_STOP_S = 1.0
+
+    def __init__(self, doing: Callable[[], str] = lambda: "this step", clock: Callable[[], float] = time.monotonic):
         self.signum: int | None = None
         self.doing = doing
+        self.clock = clock
+        self._at = 0.0
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignal:
@@ -333,9 +340,12 @@ class StopSignal:
         return self
 
     def _handle(self, signum, frame) -> None:
-        if self.signum is not None:  # second signal: give up at once
-            raise KeyboardInterrupt
-        self.signum = signum
+        now = self.clock()
+        if self.signum is not None:
+            if signum == self.signum == signal.SIGTERM and now - self._at < self.SAME_STOP_S:
+                return  # the group's copy of the same stop
+            raise KeyboardInterrupt  # a second signal: give up at once
+        self.signum, self._at = signum, now
         name = signal.Signals(signum).name
         log.warning("received %s: saving a checkpoint after %s, then exiting", name, self.doing())
 

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -383,3 +384,24 @@ def test_a_second_interrupt_stops_at_once_in_one_line(tmp_path, sample_dir):
         f"resume with: python -m nmt.train data.dir={sample_dir}" in proc.stderr
         and "trainer.resume=true" in proc.stderr
     )
+
+
+def test_one_stop_delivered_twice_is_one_stop():
+    """`timeout -s TERM` signals the process and then its group, so one stop can arrive as two SIGTERMs a few ms
+    apart (seen in session 78: the run quit without saving, "interrupted again"). A repeat of SIGTERM within
+    StopSignal.SAME_STOP_S is ignored; a later one, or a second Ctrl-C at any time, still stops at once."""
+    from nmt.trainer import StopSignal
+
+    now = [100.0]
+    stop = StopSignal(clock=lambda: now[0])
+    stop._handle(signal.SIGTERM, None)
+    now[0] += 0.01
+    stop._handle(signal.SIGTERM, None)  # the group's copy: no KeyboardInterrupt
+    assert stop.signum == signal.SIGTERM
+    now[0] += StopSignal.SAME_STOP_S
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGTERM, None)
+    ctrl_c = StopSignal(clock=lambda: now[0])
+    ctrl_c._handle(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C twice, however quick: the user means it
+        ctrl_c._handle(signal.SIGINT, None)
