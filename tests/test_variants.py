@@ -65,7 +65,9 @@ def test_experiment_presets_compose():
     assert cfg.attention.name == "general"
     # a 2x512 encoder (from 2x384): +0.14 / +0.58 on the whole valid.tsv over two seeds, family-26 EPYC (sessions 65-66)
     assert cfg.encoder.hidden_size == 512 and cfg.decoder.hidden_size == 768
-    # Both presets layer-normalise both GRUs with gains from 0.1 (docs/results.md): on the whole valid.tsv +1.8 / +1.5
+    # LSTM cells: +1.23 / +0.92 on the whole valid.tsv at equal minutes on the family-25 EPYC (session 80 against 72)
+    assert cfg.encoder.cell == "lstm"
+    # Both presets layer-normalise both RNNs with gains from 0.1 (docs/results.md): on the whole valid.tsv +1.8 / +1.5
     # in cpu_small, +0.9 / +0.8 in cpu_best, where gains from 1 learned half as much per step. With it, both train
     # with twice Adam's default rate: +0.8 / +0.85 in cpu_small, +0.3 / +0.6 in cpu_best (one run each).
     for exp in ("cpu_small", "cpu_best"):
