@@ -239,6 +239,10 @@ class ModelConfig:
     # One matrix for the source embedding, the target embedding and the output layer (implies
     # decoder.tie_embeddings); needs tokenizer.joint=true and encoder.emb_size == decoder.emb_size.
     tie_all_embeddings: bool = False
+    # The LSTM forget gates' bias at the start (b_ih + b_hh of the f gate; the other biases stay in
+    # ±init_range): 1 keeps the cell's memory open early in training (Gers et al. 2000; Jozefowicz et al.
+    # 2015, Joey NMT's lstm_forget_gate). null = no special start. LSTM cells only.
+    lstm_forget_bias: float | None = None
 
 
 @dataclass
@@ -841,6 +845,11 @@ def _model_problems(cfg: Any) -> list[str]:
             )
         if problem := tie_all_problem(cfg.encoder.emb_size, cfg.decoder.emb_size):
             problems.append(problem)
+    if cfg.model.lstm_forget_bias is not None and "lstm" not in (cfg.encoder.cell, cfg.decoder.cell):
+        problems.append(
+            f"model.lstm_forget_bias={cfg.model.lstm_forget_bias} is for LSTM cells, but encoder.cell and "
+            f"decoder.cell are {cfg.encoder.cell!r} (set encoder.cell=lstm, or drop the key)"
+        )
     return problems
 
 

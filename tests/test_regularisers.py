@@ -211,3 +211,33 @@ def test_a_run_from_before_these_keys_resumes_without_reporting_them():
     new["encoder"]["layer_norm"] = True
     # the old run had the key's default (no layer norm), so that is what the change is reported from
     assert config_changes(old_checkpoint_config(), new, []) == [("encoder.layer_norm", False, True)]
+
+
+def test_lstm_forget_bias_starts_every_forget_gate_there_and_nothing_else():
+    cfg = train_config(encoder={"cell": "lstm", "layer_norm": True}, model={"lstm_forget_bias": 1.0})
+    validate(cfg, "train")
+    model = model_from_config(cfg, V, V, "cpu")
+    plain = model_from_config(train_config(encoder={"cell": "lstm", "layer_norm": True}), V, V, "cpu")
+    rnns = [m for m in model.modules() if isinstance(m, RNN)]
+    assert len(rnns) == 2 and all(m.lstm for m in rnns)  # the encoder's and the decoder's
+    for m in rnns:
+        h = m.hidden_size
+        for name, p in m.named_parameters():
+            if name.startswith("bias_"):
+                expected = 1.0 if name.startswith("bias_ih") else 0.0
+                assert bool((p[h : 2 * h] == expected).all()), name
+                others = torch.cat([p[:h], p[2 * h :]])
+                assert others.abs().max() <= 0.1 and others.abs().max() > 0, name  # still the uniform start
+    # without the key, the forget gates start like every other bias
+    for m in (m for m in plain.modules() if isinstance(m, RNN)):
+        h = m.hidden_size
+        assert m.bias_ih_l0[h : 2 * h].abs().max() < 0.1
+
+
+def test_lstm_forget_bias_on_gru_cells_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        validate(train_config(model={"lstm_forget_bias": 1.0}), "train")
+    assert str(e.value) == (
+        "model.lstm_forget_bias=1.0 is for LSTM cells, but encoder.cell and decoder.cell are 'gru' "
+        "(set encoder.cell=lstm, or drop the key)"
+    )

@@ -31,6 +31,7 @@ def build_model(
     rnn_impl: str = "auto",
     device: Any = "cpu",
     tie_all_embeddings: bool = False,
+    lstm_forget_bias: float | None = None,
 ) -> Seq2Seq:
     """Assemble the model from the ``encoder``/``attention``/``decoder`` config sections.
 
@@ -41,7 +42,8 @@ def build_model(
 
     Parameters start uniform in ±``init_range`` (OpenNMT-py's RNN default), which trains
     markedly faster per update for GRU/LSTM NMT than Xavier initialisation; layer-norm gains at
-    ``encoder/decoder.layer_norm_gain`` (default 1, the paper's).
+    ``encoder/decoder.layer_norm_gain`` (default 1, the paper's). ``lstm_forget_bias``
+    (``model.lstm_forget_bias``): every LSTM forget gate's bias starts there instead (Gers et al. 2000).
     """
     if decoder.order not in DECODERS:
         raise ConfigError(f"decoder.order={decoder.order!r} is unknown; choose one of {sorted(DECODERS)}")
@@ -96,6 +98,8 @@ def build_model(
         for m in part.modules():
             if isinstance(m, RNN):
                 m.reset_layer_norm(option(section, "layer_norm_gain", 1.0))
+                if lstm_forget_bias is not None and m.lstm:
+                    m.reset_forget_bias(lstm_forget_bias)
     for emb in (enc.embed, dec.embed):
         emb.weight.data[emb.padding_idx].zero_()
     return model
@@ -122,6 +126,7 @@ def model_from_config(cfg: Any, src_vocab: int, tgt_vocab: int, device: Any) -> 
     ``model.rnn_impl`` existed has no ``model`` section: it gets ``auto`` (and no tying of all embeddings)."""
     rnn_impl = OmegaConf.select(cfg, "model.rnn_impl", default="auto")
     tie_all = OmegaConf.select(cfg, "model.tie_all_embeddings", default=False)
+    forget_bias = OmegaConf.select(cfg, "model.lstm_forget_bias", default=None)
     return build_model(
         cfg.encoder,
         cfg.attention,
@@ -131,6 +136,7 @@ def model_from_config(cfg: Any, src_vocab: int, tgt_vocab: int, device: Any) -> 
         rnn_impl=rnn_impl,
         device=device,
         tie_all_embeddings=tie_all,
+        lstm_forget_bias=forget_bias,
     )
 
 

@@ -617,6 +617,15 @@ class RNN(nn.RNNBase):
             if name.startswith("ln_"):
                 nn.init.constant_(p, 0.0 if name.startswith("ln_c_bias") else gain)
 
+    def reset_forget_bias(self, value: float) -> None:
+        """An LSTM's forget gates start with bias ``value`` (PyTorch's gate order i, f, g, o: rows
+        H..2H): b_ih's slice is ``value`` and b_hh's 0, so σ(f) starts near σ(value)."""
+        h = self.hidden_size
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.startswith(("bias_ih", "bias_hh")):
+                    p[h : 2 * h] = value if name.startswith("bias_ih") else 0.0
+
     @property
     def _torch(self) -> type[nn.RNNBase]:
         return nn.LSTM if self.lstm else nn.GRU
