@@ -192,6 +192,11 @@ class TrainerConfig:
     select_by: str = "bleu"
     # last.pt is written at least this often (besides every validation), so a hard kill loses at most this much.
     checkpoint_minutes: float = 5.0
+    # On CPU with glibc, a fresh process after this many minutes of training in one (0 = never): at the first
+    # validation after them (it writes last.pt), ``python -m nmt.train`` replaces itself (same PID) with its exact
+    # resume. A long run's heap fragments and malloc slows its steps; a new process starts at full speed
+    # (docs/benchmarks.md, "A fresh process gives a long run its speed back"). Not in -m sweeps or under torchrun.
+    restart_minutes: float = 0.0
     log_every: int = 100  # a progress line after this many steps since the last one ...
     log_seconds: float = 30.0  # ... and at least every this many seconds
     resume: bool = False  # continue from last.pt of hydra.run.dir (without it: the newest run of this command)
@@ -556,6 +561,7 @@ _TRAINER_RANGES: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...
     (("clip_grad",), lambda v: v >= 0, "a gradient norm >= 0 (0 = no clipping)"),
     (("ema_decay",), lambda v: 0 <= v < 1, "a decay in [0, 1) (0 = off; e.g. 0.999)"),
     (("checkpoint_minutes",), lambda v: v >= 0, "minutes >= 0 (0 = only at validations and the end)"),
+    (("restart_minutes",), lambda v: v >= 0, "minutes >= 0 (0 = never)"),
     (("lr", "valid_minutes"), lambda v: v > 0, "a number > 0"),
     (("plateau_factor",), lambda v: 0 < v <= 1, "a factor in (0, 1]"),
     (("label_smoothing",), lambda v: 0 <= v < 1, "a share in [0, 1)"),

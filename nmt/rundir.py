@@ -330,6 +330,7 @@ RESUME_MAY_CHANGE = (
     "trainer.plot_attention",
     "trainer.tensorboard",
     "trainer.checkpoint_minutes",
+    "trainer.restart_minutes",
     "trainer.threads",
     *(f"trainer.{k}" for k in FINISHING_KEYS),  # these act only once training has ended
     "device",

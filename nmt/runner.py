@@ -9,12 +9,13 @@ a second, before torch is imported) and then calls ``run``. Its log lines are th
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
+from nmt import allocator
 from nmt.calibrate import cached_kernel_choices
 from nmt.config import override, shell_quote, to_plain, train_command, value_override
 from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
@@ -66,9 +67,10 @@ def build_loader(
     shards: Sequence[int] = (0,),
     num_shards: int = 1,
     starts: Sequence[tuple[int, int]] | None = None,
-) -> Iterator[Batch]:
+) -> Generator[Batch, None, None]:
     """The training batches: this rank's shards of the stream, built in a DataLoader worker, with the
-    data-side regularisers (subword sampling, word dropout) that only training gets."""
+    data-side regularisers (subword sampling, word dropout) that only training gets. ``close()`` ends the
+    worker."""
     d, t = cfg.data, cfg.tokenizer
     if t.sample_alpha or d.src_word_dropout or d.tgt_word_dropout:
         log.info(
@@ -122,18 +124,56 @@ def resume_command(overrides: Sequence[str], run_dir: Path, then: str = "") -> s
     return train_command(overrides, [override("hydra.run.dir", run_dir), "trainer.resume=true", *extra])
 
 
-def run(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:
+class Restart(Exception):
+    """``run`` stopped for a fresh process (``trainer.restart_minutes``): everything is saved and closed, and the
+    caller, the process's owner (``nmt.train``), replaces this process with the resume of ``run_dir``."""
+
+    def __init__(self, run_dir: Path, step: int):
+        super().__init__(f"restart {run_dir} at step {step}")
+        self.run_dir, self.step = run_dir, step
+
+
+def run(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = (), restartable: bool = False) -> dict:
     """Train with a resolved config; returns the last validation record. ``overrides`` (the command
-    line's) only make the resume hint exact."""
+    line's) only make the resume hint exact. ``restartable``: the caller owns this process and can replace it
+    with the run's resume, so ``trainer.restart_minutes`` may stop the run by raising ``Restart``."""
     plain = to_plain(cfg)  # resolves interpolations and fails on missing values before any work
     d, device = init_distributed(resolve_device(cfg.device))
     try:
-        return _run(cfg, plain, Path(d.broadcast(str(run_dir))), d, device, overrides)
+        return _run(cfg, plain, Path(d.broadcast(str(run_dir))), d, device, overrides, restartable and not d.active)
     finally:
         shutdown(d)
 
 
-def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.device, overrides: Sequence[str]) -> dict:
+def restart_seconds(t, device: torch.device, restartable: bool) -> float:
+    """``trainer.restart_minutes`` in seconds where this process can act on it, else 0 with a line saying why."""
+    if not t.restart_minutes:
+        return 0.0
+    why = None
+    if device.type != "cpu" or not allocator.GLIBC:
+        why = "it acts on CPU runs with glibc's malloc, whose heap a long run fragments"
+    elif not restartable:
+        why = "this process cannot replace itself (a -m sweep's job, a torchrun rank, or nmt.runner.run as a library)"
+    if why:
+        log.info("trainer.restart_minutes=%g left unused: %s", t.restart_minutes, why)
+        return 0.0
+    log.info(
+        "a fresh process after every %g minutes of training, at the validation that follows (trainer.restart_minutes;"
+        " a long CPU run's fragmented heap slows its steps, docs/benchmarks.md)",
+        t.restart_minutes,
+    )
+    return 60.0 * t.restart_minutes
+
+
+def _run(
+    cfg: DictConfig,
+    plain: dict,
+    run_dir: Path,
+    d: Dist,
+    device: torch.device,
+    overrides: Sequence[str],
+    restartable: bool = False,
+) -> dict:
     quiet_other_ranks(d)
     if cfg.data.num_workers > 1:
         raise ConfigError(
@@ -191,7 +231,7 @@ def _run(cfg: DictConfig, plain: dict, run_dir: Path, d: Dist, device: torch.dev
     # wandb.mode=online, its servers unreachable) fails this command in seconds, with nothing trained
     logger = RunLogger(run_dir, plain, cfg.wandb, cfg.trainer.resume, cfg.trainer.tensorboard) if d.is_main else None
     try:  # the logger's one owner: finished here, whatever happens
-        result, trainer, finisher = _train(cfg, plain, specs, resume_from, init, rundir, d, device, logger)
+        result, trainer, finisher = _train(cfg, plain, specs, resume_from, init, rundir, d, device, logger, restartable)
     finally:
         if logger is not None:
             logger.finish()
@@ -208,6 +248,7 @@ def _train(
     d: Dist,
     device: torch.device,
     logger: RunLogger | None,
+    restartable: bool = False,
 ) -> tuple[FitResult, Trainer, Finisher]:
     """Tokenizer, model, trainer and batch stream for a run whose directory, resume point and logger are settled,
     then the training; returns what ``finish`` needs."""
@@ -255,7 +296,9 @@ def _train(
         cfg, specs["train"], tokenizer, device, trainer.shards, trainer.num_shards, trainer.data_starts()
     )
     log.info("%s", stop_rule(cfg.trainer))
-    result = trainer.fit(loader)
+    result = trainer.fit(loader, restart_after_s=restart_seconds(cfg.trainer, device, restartable))
+    if result.restart:
+        loader.close()  # its DataLoader worker ends now: replacing this process would leave it running
     return result, trainer, build_finisher(cfg.trainer, rundir, specs["train"], tokenizer)
 
 
@@ -275,6 +318,13 @@ def finish(
     """Say how the run ended: why, where the best model is and how to use it (or how to resume). A run
     that ended normally is first finished (``averaged.pt``, decoding defaults: ``nmt.finishing``)."""
     p = trainer.progress
+    if result.restart:
+        log.info(
+            "step %d: restarting this process (trainer.restart_minutes); the fresh one continues from %s",
+            p.step,
+            rundir.last,
+        )
+        raise Restart(rundir.root, p.step)
     if result.signum is not None:
         if result.saved is not None:
             sweep = resume_sweep_command(rundir.root.parent)  # a job of a -m sweep: the sweep's folder above it

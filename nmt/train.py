@@ -16,12 +16,13 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from nmt.cli import command
-from nmt.config import register_configs
+from nmt.config import override, register_configs
 from nmt.data import build_specs, check_corpus, prepare_corpus
 from nmt.errors import NmtError
 from nmt.rundir import RunDir, run_to_resume
@@ -55,6 +56,19 @@ def adopt(fresh: Path, chosen: RunDir) -> None:
     RunDir(fresh).remove_if_unused()
 
 
+def become_resume(run_dir: Path) -> NoReturn:
+    """``trainer.restart_minutes``: replace this process (same PID, terminal, environment and command line,
+    plus ``hydra.run.dir`` and ``trainer.resume=true``) with the resume of ``run_dir``: a fresh heap."""
+    last = [override("hydra.run.dir", run_dir), "trainer.resume=true"]
+    keys = {a.split("=", 1)[0] for a in last}
+    args = [a for a in sys.argv[1:] if a.split("=", 1)[0].lstrip("+~") not in keys]
+    for h in logging.getLogger().handlers:
+        h.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "nmt.train", *args, *last])
+
+
 @command("train")
 def main(cfg: DictConfig) -> float:
     try:
@@ -78,10 +92,12 @@ def main(cfg: DictConfig) -> float:
         if "RANK" not in os.environ:  # one process: the corpus is found (or fetched) and checked before torch
             prepare_corpus(cfg.data)  # (torchrun's ranks do it in run(), rank 0 first)
             check_corpus(build_specs(cfg.data))
-        from nmt.runner import resume_command, run
+        from nmt.runner import Restart, resume_command, run
 
         try:
-            result = run(cfg, run_dir, overrides)
+            result = run(cfg, run_dir, overrides, restartable=hc.mode.name == "RUN" and "RANK" not in os.environ)
+        except Restart as r:
+            become_resume(r.run_dir)
         except KeyboardInterrupt:  # a second Ctrl-C while the first waited for the step to end: stop at once
             kept = RunDir(run_dir).is_resumable()
             log.warning(

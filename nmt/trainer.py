@@ -316,6 +316,7 @@ class FitResult:
     signum: int | None = None
     fault: bool = False  # stopped by trainer.max_bad_steps
     saved: Path | None = None  # the checkpoint written last, if any
+    restart: bool = False  # stopped for a fresh process to resume from last.pt (``fit``'s restart_after_s)
 
 
 class StopSignal:
@@ -547,11 +548,13 @@ class Trainer:
             return f"{p.bad_steps} non-finite steps in a row (trainer.max_bad_steps)"
         return self.stopping.reason(p)
 
-    def fit(self, batches: Iterator[Batch]) -> FitResult:
+    def fit(self, batches: Iterator[Batch], restart_after_s: float = 0.0) -> FitResult:
         """Train until a limit, early stopping, a fault or a signal; validate and save at the end.
 
         Every decision is taken from values all ranks agree on (one small all-reduce per step under
         torchrun: the signal, the elapsed time, the epoch), so ranks stop, log and save together.
+        ``restart_after_s`` > 0 (one process only): also stop at the first validation after that many seconds of
+        this call and return ``restart=True``, for a fresh process to resume (``trainer.restart_minutes``).
         """
         p, s = self.progress, self.s
         self.model.train()
@@ -566,7 +569,7 @@ class Trainer:
             disable=None if self.dist.is_main else True,  # None: shown only at a terminal
             file=sys.stderr,
         )
-        signum = None
+        signum, restart = None, False
         with StopSignal(lambda: self._doing) as stop:
             while (reason := self._limit_reason(p)) is None:
                 micro = [next(batches) for _ in range(s.accum_steps)]
@@ -605,6 +608,10 @@ class Trainer:
                     self._doing = "this step"
                     since_valid = Window(self.device)
                     since_log.paused += time.monotonic() - v0
+                    ran_s = time.monotonic() - started
+                    if restart_after_s and not stop.signum and self._worth_restarting(p, ran_s, restart_after_s):
+                        restart = True
+                        break
                 elif s.checkpoint_minutes and p.elapsed_s - self._saved_at >= 60 * s.checkpoint_minutes:
                     self.save()
         bar.close()
@@ -612,11 +619,20 @@ class Trainer:
             return FitResult(
                 f"interrupted by {signal.Signals(signum).name}", p.last_validation, signum, saved=self.save()
             )
+        if restart:
+            # the validation has just written last.pt
+            return FitResult("a fresh process (trainer.restart_minutes)", p.last_validation, restart=True)
         if s.max_bad_steps and p.bad_steps >= s.max_bad_steps:  # the skipped updates left the weights as they were
             return FitResult(reason, p.last_validation, fault=True, saved=self.save())
         if p.step > 0 and p.last_validation.get("step") != p.step:
             self._validate_and_save(since_valid)
         return FitResult(reason, p.last_validation)
+
+    def _worth_restarting(self, p: Progress, ran_s: float, restart_after_s: float) -> bool:
+        """After ``restart_after_s`` seconds of this process's training, once the validation has written last.pt,
+        unless the time limit is nearer than half that (a fresh process would hardly pay for its start)."""
+        left = 60 * self.s.max_minutes - p.elapsed_s if self.s.max_minutes else float("inf")
+        return ran_s >= restart_after_s and left > restart_after_s / 2 and not self.saver.failed
 
     def _count(self, p: Progress, loss: torch.Tensor | None) -> None:
         if loss is not None:

@@ -37,8 +37,8 @@ def probe_save(path, state):
 def probe_init(self, *a, **k):
     record["logger"] = True
     init(self, *a, **k)
-def probe_fit(self, batches):
-    result = fit(self, batches)
+def probe_fit(self, batches, **kwargs):
+    result = fit(self, batches, **kwargs)
     torch.save(self.model.state_dict(), f"{out}/weights{rank}.pt")
     return result
 nmt.checkpoint.save, nmt.logger.RunLogger.__init__, nmt.trainer.Trainer.fit = probe_save, probe_init, probe_fit

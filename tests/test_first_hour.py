@@ -370,7 +370,7 @@ def test_a_second_interrupt_stops_at_once_in_one_line(tmp_path, sample_dir):
     argv = ["nmt.train", f"data.dir={sample_dir}", *QUIET, f"hydra.run.dir={run}", "trainer.resume=true"]
     code = (
         "import runpy, sys, nmt.runner\n"
-        "def interrupted(*args):\n    raise KeyboardInterrupt\n"
+        "def interrupted(*args, **kwargs):\n    raise KeyboardInterrupt\n"
         f"nmt.runner.run = interrupted\nsys.argv = {argv!r}\n"
         "runpy.run_module('nmt.train', run_name='__main__')\n"
     )

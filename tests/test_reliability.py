@@ -14,7 +14,9 @@ import os
 import random
 import re
 import signal
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,6 +125,46 @@ def test_a_resumed_run_keeps_the_runs_measured_kernel_choices(reference, tmp_pat
     said = re.findall(r"\] - tanh: (.*)$", resumed.stderr, re.M)
     assert said == [f"{'2σ(2x) − 1' if flipped else 'torch.tanh'} (this run's choice, kept on resume)"], said
     assert checkpoint.load(run_dir / "checkpoints" / "last.pt")["kernels"]["sigmoid_tanh"] is flipped
+
+
+def test_a_run_that_restarts_its_process_trains_as_one_that_never_did(reference, tmp_path, sample_dir):
+    """trainer.restart_minutes (a fresh heap for a long CPU run): at the first validation after that many minutes,
+    the process saves, closes its data worker and replaces itself (same PID) with its own resume, which goes on
+    exactly as the uninterrupted run."""
+    ref_dir, cache = reference
+    run_dir = tmp_path / "run"
+    args = [f"data.dir={sample_dir}", *COMMON, f"trainer.max_steps={STEPS}", f"hydra.run.dir={run_dir}"]
+    proc = popen_module("nmt.train", [*args, "trainer.restart_minutes=0.0001"], cache)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-3000:]
+    # validations at steps 15 and 30 restart it; the one at 45 ends the run
+    restarts = re.findall(r"step (\d+): restarting this process \(trainer.restart_minutes\)", out)
+    assert restarts == ["15", "30"], out[-3000:]
+    resumed = re.findall(rf"resuming from {run_dir}/checkpoints/last.pt: step (\d+),", out)
+    assert resumed == ["15", "30"], out[-3000:]
+    # no DataLoader worker of the replaced processes is left behind (a worker's command line is its parent's)
+    time.sleep(1)
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_dir).encode() in cmdline.read_bytes():
+                left.append(cmdline.parent.name)
+        except OSError:  # the process ended
+            pass
+    assert not left, f"processes still running with this run's folder in their command line: {left}"
+    assert step_losses(run_dir) == step_losses(ref_dir)
+    ref_w, got_w = weights(ref_dir), weights(run_dir)
+    for k in ref_w:
+        torch.testing.assert_close(got_w[k], ref_w[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert "translate with: python -m nmt.translate" in out  # the last process finished the run as usual
+
+
+def test_restart_minutes_is_unused_where_the_process_cannot_replace_itself(tmp_path, sample_dir, cache_env, caplog):
+    """Called as a library (or in a -m sweep's job, or under torchrun), run() has no process of its own to replace."""
+    caplog.set_level(logging.INFO)
+    result = run(tiny_cfg(sample_dir, "trainer.max_steps=20", "trainer.restart_minutes=0.0001"), tmp_path)
+    assert result["step"] == 20
+    assert "trainer.restart_minutes=0.0001 left unused: this process cannot replace itself" in caplog.text
 
 
 def tiny_cfg(sample_dir, *extra):
