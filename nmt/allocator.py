@@ -15,9 +15,10 @@ The costs: the process keeps its peak memory until it exits, and a long run's he
 memory ends up in tens of thousands of pieces, which glibc's malloc walks one distinct size at a time. In
 ``experiment=cpu_best``, ``_int_malloc`` grew from ~2% of the samples at 3 minutes to 5-6% at 11-23 minutes, and
 throughput fell with it (docs/benchmarks.md, "Where a long run's time goes"; ``heap_stats`` puts the pieces in
-metrics.jsonl). ``system`` fragments as well, and trains slower. What does help is a fresh process: ``trainer.restart_minutes`` (a
-long run's resume of itself every so often; docs/benchmarks.md, "A fresh process gives a long run its speed back"). oneTBB's malloc through ``LD_PRELOAD`` made 11%
-fewer steps: it maps and clears large blocks afresh ("oneTBB's scalable malloc"). The older short-run measurement:
+metrics.jsonl). ``system`` fragments as well, and trains slower. oneTBB's malloc through ``LD_PRELOAD`` made 11%
+fewer steps: it maps and clears large blocks afresh ("oneTBB's scalable malloc"). What does help is a fresh
+process: ``trainer.restart_minutes``, a long run's resume of itself every so often (docs/benchmarks.md, "A fresh
+process gives a long run its speed back"). The older short-run measurement:
 ``experiment=cpu_small`` trained at +8-15% target tokens/s with a 33% larger maximum RSS (1.77 GB
 against 1.35), model R within the noise at the same RSS, on an AMD EPYC (docs/benchmarks.md, "A
 training process that keeps its freed memory"). ``system`` leaves ``malloc`` as it is. It applies to

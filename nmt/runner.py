@@ -298,7 +298,7 @@ def _train(
     log.info("%s", stop_rule(cfg.trainer))
     result = trainer.fit(loader, restart_after_s=restart_seconds(cfg.trainer, device, restartable))
     if result.restart:
-        loader.close()  # its DataLoader worker ends now: replacing this process would leave it running
+        loader.close()  # the DataLoader worker ends here, in order, not when its pipes vanish at the exec
     return result, trainer, build_finisher(cfg.trainer, rundir, specs["train"], tokenizer)
 
 
