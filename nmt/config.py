@@ -405,13 +405,18 @@ def shell_quote(arg: str) -> str:
     return f'"{arg}"'
 
 
-def train_command(overrides: Any, last: list[str], multirun: bool = False) -> str:
-    """``python -m nmt.train [-m] OVERRIDES LAST`` as a line to paste into a shell: ``overrides`` (strings or
-    Hydra's saved ones) without those that set a key of ``last`` (``+``/``~`` forms too), then ``last`` (each
-    already in Hydra's grammar, see ``override``); every argument shell-quoted (``shell_quote``)."""
+def then_args(overrides: Any, last: list[str]) -> list[str]:
+    """``overrides`` (strings or Hydra's saved ones) without those that set a key of ``last`` (``+``/``~`` forms
+    too), then ``last`` (each already in Hydra's grammar, see ``override``)."""
     keys = {a.split("=", 1)[0] for a in last}
-    keep = [o for o in map(str, overrides) if o.split("=", 1)[0].lstrip("+~") not in keys]
-    return " ".join(["python -m nmt.train" + (" -m" if multirun else ""), *map(shell_quote, [*keep, *last])])
+    return [*(o for o in map(str, overrides) if o.split("=", 1)[0].lstrip("+~") not in keys), *last]
+
+
+def train_command(overrides: Any, last: list[str], multirun: bool = False) -> str:
+    """``python -m nmt.train [-m] OVERRIDES LAST`` (``then_args``) as a line to paste into a shell, every argument
+    shell-quoted (``shell_quote``)."""
+    head = "python -m nmt.train" + (" -m" if multirun else "")
+    return " ".join([head, *map(shell_quote, then_args(overrides, last))])
 
 
 def job_dirname(override_dirname: str, *first: str) -> str:

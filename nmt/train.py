@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from nmt.cli import command
-from nmt.config import override, register_configs
+from nmt.config import override, register_configs, then_args
 from nmt.data import build_specs, check_corpus, prepare_corpus
 from nmt.errors import NmtError
 from nmt.rundir import RunDir, run_to_resume
@@ -59,14 +59,12 @@ def adopt(fresh: Path, chosen: RunDir) -> None:
 def become_resume(run_dir: Path) -> NoReturn:
     """``trainer.restart_minutes``: replace this process (same PID, terminal, environment and command line,
     plus ``hydra.run.dir`` and ``trainer.resume=true``) with the resume of ``run_dir``: a fresh heap."""
-    last = [override("hydra.run.dir", run_dir), "trainer.resume=true"]
-    keys = {a.split("=", 1)[0] for a in last}
-    args = [a for a in sys.argv[1:] if a.split("=", 1)[0].lstrip("+~") not in keys]
+    args = then_args(sys.argv[1:], [override("hydra.run.dir", run_dir), "trainer.resume=true"])
     for h in logging.getLogger().handlers:
         h.flush()
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "nmt.train", *args, *last])
+    os.execv(sys.executable, [sys.executable, "-m", "nmt.train", *args])
 
 
 @command("train")
