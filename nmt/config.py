@@ -405,6 +405,12 @@ def shell_quote(arg: str) -> str:
     return f'"{arg}"'
 
 
+def resume_args(run_dir: Any) -> list[str]:
+    """The overrides that continue the run in ``run_dir``: the printed resume hints and ``nmt.train``'s restart use
+    these same two, so what a user pastes and what a restart runs cannot drift apart."""
+    return [override("hydra.run.dir", run_dir), "trainer.resume=true"]
+
+
 def then_args(overrides: Any, last: list[str]) -> list[str]:
     """``overrides`` (strings or Hydra's saved ones) without those that set a key of ``last`` (``+``/``~`` forms
     too), then ``last`` (each already in Hydra's grammar, see ``override``)."""

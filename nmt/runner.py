@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from nmt import allocator
 from nmt.calibrate import cached_kernel_choices
-from nmt.config import override, shell_quote, to_plain, train_command, value_override
+from nmt.config import override, resume_args, shell_quote, to_plain, train_command, value_override
 from nmt.data import build_specs, build_tokenizer, check_corpus, prepare_corpus
 from nmt.data.batching import Batch, BatchStream, worker_context, worker_errors, worker_init
 from nmt.data.corpus import CorpusSpec, load_pairs
@@ -121,7 +121,7 @@ def resume_command(overrides: Sequence[str], run_dir: Path, then: str = "") -> s
     """The exact command that continues a run: its overrides, its run directory, trainer.resume=true,
     and ``then`` (e.g. ``trainer.max_steps=...``, which replaces that key's override)."""
     extra = [then] if then else []
-    return train_command(overrides, [override("hydra.run.dir", run_dir), "trainer.resume=true", *extra])
+    return train_command(overrides, [*resume_args(run_dir), *extra])
 
 
 class Restart(Exception):

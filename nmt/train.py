@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from nmt.cli import command
-from nmt.config import override, register_configs, then_args
+from nmt.config import register_configs, resume_args, then_args
 from nmt.data import build_specs, check_corpus, prepare_corpus
 from nmt.errors import NmtError
 from nmt.rundir import RunDir, run_to_resume
@@ -59,7 +59,7 @@ def adopt(fresh: Path, chosen: RunDir) -> None:
 def become_resume(run_dir: Path) -> NoReturn:
     """``trainer.restart_minutes``: replace this process (same PID, terminal, environment and command line,
     plus ``hydra.run.dir`` and ``trainer.resume=true``) with the resume of ``run_dir``: a fresh heap."""
-    args = then_args(sys.argv[1:], [override("hydra.run.dir", run_dir), "trainer.resume=true"])
+    args = then_args(sys.argv[1:], resume_args(run_dir))
     for h in logging.getLogger().handlers:
         h.flush()
     sys.stdout.flush()
