@@ -160,6 +160,24 @@ def blocked_topk(x: torch.Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[torc
     return top, torch.where(in_block, cols, pos - k * block + nb * block)
 
 
+Normalise = Callable[[torch.Tensor], torch.Tensor]
+
+
+def log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """log softmax of a step's logits [N, V] over the vocabulary, in float32 whatever the products' dtype: one
+    fused pass (about half the time of logsumexp's max/sub/exp/sum passes on a CPU; docs/benchmarks.md run 10).
+    The plain normalisation; ``log_probs_in_place`` is the CPU fast path beside it."""
+    return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+
+
+def log_probs_in_place(logits: torch.Tensor) -> torch.Tensor:
+    """``log_probs``, bit for bit, written over the float32 copy of bf16 logits (over float32 logits
+    themselves, which a search step uses once): one [N, V] buffer a step instead of two. On a CPU the second
+    fresh buffer cost more than the normalisation (docs/benchmarks.md, "Run 31")."""
+    x = logits.float()
+    return torch.log_softmax(x, dim=-1, out=x)
+
+
 def best_candidates(
     scores: torch.Tensor, logp: torch.Tensor, k: int, topk: TopK = row_topk
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -270,8 +288,9 @@ def beam_search(
     alpha, beta = (opts.alpha, opts.beta) if K > 1 else (0.0, 0.0)
     bound_lp = length_penalty(max_len, alpha).to(dev)  # [B] the largest lp a hypothesis can reach
 
-    # the CPU fast path's selection where the model runs it (Seq2Seq.fast_search), else the plain one
-    topk = blocked_topk if getattr(model, "fast_search", False) else row_topk
+    # the CPU fast path's selection and normalisation where the model runs it (Seq2Seq.fast_search), else the plain ones
+    fast = getattr(model, "fast_search", False)
+    topk, normalise = (blocked_topk, log_probs_in_place) if fast else (row_topk, log_probs)
     state = model.start(src, src_len) if vocab is None else model.start(src, src_len, vocab)
     gens = sentence_generators(src.cpu(), src_len.cpu(), opts.sample_seed, draws) if opts.sample else []
     active = torch.arange(B, device=dev)  # sentences still searching
@@ -295,10 +314,7 @@ def beam_search(
     for t in range(int(max_len.max())):
         if t > 0:  # step 0 ran above, once per sentence
             logits, state, w = model.step(y, state)
-        # log p over the whole vocabulary (or shortlist), normalised before any masking, in float32 whatever
-        # the products' dtype: one fused pass (about half the time of logsumexp's max/sub/exp/sum passes on
-        # a CPU; docs/benchmarks.md run 10).
-        logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [N, V]
+        logp = normalise(logits)  # [N, V] log p over the vocabulary (or shortlist), before any masking
         step_len = t + 1  # tokens including the one chosen now
         beam_sent = active.repeat_interleave(K)  # [N] original sentence of each beam
         logp[step_len <= min_len[beam_sent], EOS] = NEG_INF

@@ -1,5 +1,5 @@
-"""The CPU fast path's search kernels (``rnn_impl=loop``): blocked top-k and oneDNN-packed bf16 products,
-each against the plain version beside it."""
+"""The CPU fast path's search kernels (``rnn_impl=loop``): blocked top-k, in-place log-probabilities and
+oneDNN-packed bf16 products, each against the plain version beside it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from nmt.models.rnn import (
     packs_float32,
 )
 from nmt.models.seq2seq import Ensemble
-from nmt.search import SearchOptions, beam_search, blocked_topk, row_topk
+from nmt.search import SearchOptions, beam_search, blocked_topk, log_probs, log_probs_in_place, row_topk
 
 NEG_INF = float("-inf")
 
@@ -75,6 +75,25 @@ def test_blocked_topk_falls_back_to_the_plain_one(V, k, block):
     top, idx = blocked_topk(x, k, block)
     ref, ref_idx = row_topk(x, k)
     assert torch.equal(top, ref) and torch.equal(idx, ref_idx)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(7, 8000), (1, 37), (0, 50)])
+def test_in_place_log_probs_equal_the_plain_ones_bit_for_bit(dtype, shape):
+    """The fast path's normalisation over a float32 copy of the logits (over float32 logits themselves) is
+    log_softmax's result exactly, in float32, masked entries included."""
+    torch.manual_seed(0)
+    logits = (torch.randn(*shape) * 5).to(dtype)
+    if logits.numel():
+        logits[0, :3] = NEG_INF
+    kept = logits.clone()
+    ref = log_probs(logits)
+    got = log_probs_in_place(logits)
+    assert got.dtype == ref.dtype == torch.float32 and torch.equal(got, ref)
+    if dtype == torch.bfloat16:
+        assert torch.equal(logits, kept)  # a bf16 step's logits stay as they were: the copy is overwritten
+    else:
+        assert got.data_ptr() == logits.data_ptr()  # float32 logits are the buffer
 
 
 @pytest.mark.parametrize("shape", [(5, 48), (2, 3, 48), (0, 48), (1, 48)])
