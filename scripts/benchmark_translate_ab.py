@@ -1,7 +1,7 @@
 """The whole decoding command, as a user runs it, this checkout against a baseline checkout in the same run.
 
     git worktree add /tmp/old COMMIT
-    python scripts/benchmark_translate_ab.py CHECKPOINT --baseline /tmp/old [--input SRC] [--rounds 5] [-- KEY=VALUE ...]
+    python scripts/benchmark_translate_ab.py CHECKPOINT --baseline /tmp/old [--input SRC] [--rounds 5] [-- KEY=V ...]
 
 Each round runs ``python -m nmt.translate checkpoint=CHECKPOINT input=SRC output=... beam_size=5 stop=exact``
 once from each checkout (this interpreter, each from its own folder, the order swapped every round, so slow
