@@ -17,9 +17,12 @@ from nmt.models.rnn import (
     _packing_available,
     describe_packing,
     float32_packing_speedup,
+    ROW_GRID,
+    pack_weight,
     packed_linear,
     packed_weight,
     packs_float32,
+    row_grid,
 )
 from nmt.models.seq2seq import Ensemble
 from nmt.search import SearchOptions, beam_search, blocked_topk, log_probs, log_probs_in_place, row_topk
@@ -115,6 +118,31 @@ def test_packed_products_equal_the_plain_product_bit_for_bit(shape, bias):
         assert lin.packed is None
     got = lin(x.float())
     assert got.dtype == torch.float32 and torch.equal(got, plain(x.float()))
+
+
+def test_the_row_grid():
+    """Up to 2 * ROW_GRID rows a product runs on its own rows; above, on the next multiple of ROW_GRID."""
+    assert [row_grid(n) for n in (0, 1, 2 * ROW_GRID)] == [0, 1, 2 * ROW_GRID]
+    assert row_grid(2 * ROW_GRID + 1) == 3 * ROW_GRID and row_grid(3 * ROW_GRID) == 3 * ROW_GRID
+    assert row_grid(10 * ROW_GRID - 5) == 10 * ROW_GRID
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [2 * ROW_GRID + 1, 3 * ROW_GRID, 5 * ROW_GRID - 3, 570])
+def test_a_product_on_the_row_grid_is_the_product_on_its_own_rows_bit_for_bit(dtype, rows):
+    """Rows padded up to the grid change no row's result: oneDNN's product on the rows themselves, exactly
+    (and for bf16, F.linear's)."""
+    if not _packing_available(dtype):
+        pytest.skip(f"this PyTorch/CPU cannot pack {dtype} weights for oneDNN")
+    torch.manual_seed(rows)
+    w, b = torch.randn(40, 96).to(dtype), torch.randn(40).to(dtype)
+    x = torch.randn(rows, 96).to(dtype)
+    packed = pack_weight(w)
+    got = packed_linear(x, packed, b)
+    assert got.shape == (rows, 40) and got.is_contiguous()
+    assert torch.equal(got, torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], ""))
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, F.linear(x, w, b))
 
 
 @pytest.mark.parametrize("shape", [(5, 48), (2, 3, 48), (0, 48)])

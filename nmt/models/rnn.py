@@ -313,8 +313,26 @@ def describe_packing() -> str:
     return line + (f"; {note})" if note else ")")
 
 
+ROW_GRID = 32  # packed products of more than 2 * ROW_GRID rows run on a multiple of this many (row_grid)
+
+
+def row_grid(rows: int) -> int:
+    """The rows a packed product of ``rows`` rows runs on: ``rows`` up to 2 * ROW_GRID, else ``rows`` rounded
+    up to a multiple of ROW_GRID. oneDNN builds a kernel for every row count it has not seen (2-4 ms each on
+    an AMX Xeon, more than the product itself); a search's row count changes at almost every step, as
+    sentences leave it, so a whole valid.tsv spent about a tenth of its time building kernels. On the grid
+    the same few row counts recur (docs/benchmarks.md, "Run 31"), for at most ROW_GRID - 1 rows of padding."""
+    return rows if rows <= 2 * ROW_GRID else -(-rows // ROW_GRID) * ROW_GRID
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [.., I] → x Wᵀ + b [.., O], W from ``packed_weight``; x, b and the result in W's dtype."""
+    """x [.., I] → x Wᵀ + b [.., O], W from ``packed_weight``; x, b and the result in W's dtype. A matrix x
+    [N, I] runs on ``row_grid(N)`` rows (zero rows below it, cut off the result): every row's result is the
+    same either way, bit for bit (tests/test_fast_search.py)."""
+    rows = x.size(0) if x.dim() == 2 else 0
+    grid = row_grid(rows)
+    if grid != rows:
+        return torch.ops.mkldnn._linear_pointwise(F.pad(x, (0, 0, 0, grid - rows)), packed, bias, "none", [], "")[:rows]
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
