@@ -13,11 +13,11 @@ from nmt.data.batching import collate
 from nmt.models.build import build_model
 from nmt.models.rnn import (
     PACKING_MARGIN,
+    ROW_GRID,
     CastLinear,
     _packing_available,
     describe_packing,
     float32_packing_speedup,
-    ROW_GRID,
     pack_weight,
     packed_linear,
     packed_weight,
