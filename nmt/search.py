@@ -338,23 +338,21 @@ def beam_search(
         is_eos[:, K:] = False  # only EOS among the K best candidates finish (standard beam search)
 
         # Finished hypotheses move out of the beam (host work only for the few that end now).
-        ends = is_eos.nonzero().tolist()
-        if ends:
-            lengths = torch.full((len(ends),), step_len, device=dev)
-            rows = torch.tensor([r for r, _ in ends], device=dev)
-            cols = torch.tensor([c for _, c in ends], device=dev)
+        ends = is_eos.nonzero()  # [E, 2]: (row, candidate) of each hypothesis that ends now
+        if len(ends):
+            rows, cols = ends.unbind(1)
             beams = origin[rows, cols]
             raw = top[rows, cols]
-            final = raw / length_penalty(lengths, alpha).to(dev)
+            final = raw / length_penalty(step_len, alpha).to(dev)
             if beta > 0:
                 final = final + coverage_penalty(coverage[beams], src_mask[beams], beta)
-            toks = hist[beams].tolist()
+            # to Python once per step, not once per hypothesis
+            sents, toks, finals, raws = active[rows].tolist(), hist[beams].tolist(), final.tolist(), raw.tolist()
             atts = torch.stack(att_hist, 1)[beams] if return_attention else None
-            for i, (r, _) in enumerate(ends):
-                b = int(active[r])
+            for i, b in enumerate(sents):
                 att = atts[i, :, : int(src_len[b])].cpu() if atts is not None else None
-                finished[b].append(Hypothesis(toks[i], float(final[i]), float(raw[i]), att))
-            for b in {int(active[r]) for r, _ in ends}:
+                finished[b].append(Hypothesis(toks[i], finals[i], raws[i], att))
+            for b in set(sents):
                 if len(finished[b]) >= opts.n_best:
                     kth_finished[b] = sorted((h.score for h in finished[b]), reverse=True)[opts.n_best - 1]
 
