@@ -160,9 +160,6 @@ def blocked_topk(x: torch.Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[torc
     return top, torch.where(in_block, cols, pos - k * block + nb * block)
 
 
-Normalise = Callable[[torch.Tensor], torch.Tensor]
-
-
 def log_probs(logits: torch.Tensor) -> torch.Tensor:
     """log softmax of a step's logits [N, V] over the vocabulary, in float32 whatever the products' dtype: one
     fused pass (about half the time of logsumexp's max/sub/exp/sum passes on a CPU; docs/benchmarks.md run 10).
