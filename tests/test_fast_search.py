@@ -1,7 +1,9 @@
-"""The CPU fast path's search kernels (``rnn_impl=loop``): blocked top-k, in-place log-probabilities and
-oneDNN-packed bf16 products, each against the plain version beside it."""
+"""The CPU fast path's search kernels (``rnn_impl=loop``): blocked top-k, in-place log-probabilities,
+oneDNN-packed bf16 products and the embedding-gate table, each against the plain version beside it."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from nmt.models.rnn import (
     packed_linear,
     packed_weight,
     packs_float32,
+    pin_kernel_choices,
     row_grid,
 )
 from nmt.models.seq2seq import Ensemble
@@ -213,3 +216,80 @@ def test_a_fast_search_finds_what_the_plain_search_finds():
     for plain, quick in zip(*found):
         assert [h.tokens for h in plain] == [h.tokens for h in quick]
         torch.testing.assert_close([h.score for h in plain], [h.score for h in quick], rtol=1e-4, atol=1e-4)
+
+
+def packed_products(m: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Give the search's products in ``dtype`` packed weights (float32: pinned on, as a CPU that measured
+    oneDNN's float32 product faster chooses), or skip where this PyTorch/CPU cannot pack them."""
+    if not _packing_available(dtype):
+        pytest.skip(f"this PyTorch/CPU cannot pack {dtype} weights for oneDNN")
+    if dtype == torch.float32:
+        pin_kernel_choices({"float32_packing": True})
+    m.set_matmul_dtype(None if dtype == torch.float32 else dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gate_table_gives_the_products_gates_bit_for_bit(dtype):
+    """A fast search's layer-0 embedding gates read from the GateTable equal the first product's own, bit for
+    bit, whatever rows computed them and in whatever steps (ids new and seen, one row or hundreds)."""
+    m = model("loop")
+    packed_products(m, dtype)
+    dec, g = m.decoder, torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        products = m.start(torch.tensor([[5, 6, 7]]), torch.tensor([3])).weights
+        table = products.gates
+        assert table is not None and not bool(table.have.any())
+        for n in (1, 7, 3 * ROW_GRID + 5, 1, 570, 40):
+            y = torch.randint(0, 1500, (n,), generator=g)
+            assert torch.equal(table(y), dec.rnn.first_gates(products.rnn, dec.embed(y)))
+        assert int(table.have.sum()) < 1500  # only the ids that occurred were computed
+
+
+def test_a_search_with_the_gate_table_finds_what_one_without_it_finds():
+    """The same search with the table and with each step's own product: the same hypotheses and scores."""
+    m = model("loop")
+    packed_products(m, torch.float32)
+    g = torch.Generator().manual_seed(3)
+    b = collate([torch.randint(4, 30, (n,), generator=g).tolist() for n in (5, 3, 7, 2)], [[4]] * 4)
+    opts = SearchOptions(beam_size=5, n_best=3, max_len_cap=8)
+    with torch.no_grad():
+        with_table = beam_search(m, b.src, b.src_len, opts)
+        table = m.decoder.gate_table(m.decoder.rnn.step_weights(m.decoder.emb_size))
+        assert table is not None and bool(table.have.any())  # the searched batch's ids
+        m.decoder.gate_table = lambda rnn: None  # this model only: every step runs the product
+        without = beam_search(m, b.src, b.src_len, opts)
+    for a, c in zip(with_table, without):
+        assert [(h.tokens, h.score, h.log_prob) for h in a] == [(h.tokens, h.score, h.log_prob) for h in c]
+
+
+def test_the_gate_table_is_kept_while_the_weights_are_and_only_where_it_is_exact():
+    """One table serves the searches of unchanged weights; an in-place update (an optimiser step) or a loaded
+    state dict makes a new one. Training mode (embedding dropout), gradients, the plain path (eager) and
+    products that are not packed get none."""
+    m = model("loop")
+    packed_products(m, torch.float32)
+    src, src_len = torch.tensor([[5, 6, 7]]), torch.tensor([3])
+    with torch.no_grad():
+        first = m.start(src, src_len).weights.gates
+        assert first is not None and m.start(src, src_len).weights.gates is first
+        m.decoder.rnn.weight_ih_l0.add_(0.01)
+        second = m.start(src, src_len).weights.gates
+        assert second is not None and second is not first
+        m.load_state_dict(m.state_dict())
+        third = m.start(src, src_len).weights.gates
+        assert third is not None and third is not second
+        m.train()
+        assert m.start(src, src_len).weights.gates is None
+        m.eval()
+    assert m.start(src, src_len).weights.gates is None  # gradients recorded
+    with torch.no_grad():
+        copied = copy.deepcopy(m)  # carries no table (a packed weight cannot be copied) and makes its own
+        assert copied.start(src, src_len).weights.gates not in (None, third)
+        assert m.start(src, src_len).weights.gates is third
+    eager = model("eager")
+    eager.set_matmul_dtype(torch.bfloat16)
+    with torch.no_grad():
+        assert eager.start(src, src_len).weights.gates is None
+        pin_kernel_choices({"float32_packing": False})
+        m.set_matmul_dtype(None)  # float32 through F.linear: rows may round with the call's other rows
+        assert m.start(src, src_len).weights.gates is None

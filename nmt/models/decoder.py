@@ -15,6 +15,7 @@ and ``forward`` share the same cell code, and a test holds them to the same logi
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from nmt.data.tokenizer import PAD
 from nmt.errors import ConfigError
 from nmt.models.attention import Attention, AttentionState
 from nmt.models.encoder import EncoderOutput, check_cell
-from nmt.models.rnn import RNN, CastLinear, RNNState, StepWeights, dropout_layer, packs_float32
+from nmt.models.rnn import RNN, CastLinear, RNNState, StepLinear, StepWeights, dropout_layer, packs_float32
 
 
 @dataclass
@@ -41,6 +42,44 @@ class PassProducts:
     rnn: StepWeights
     read: Callable[[torch.Tensor], torch.Tensor]
     out: Callable[[torch.Tensor], torch.Tensor]
+    gates: GateTable | None = None  # a search's layer-0 embedding gates by target id (Decoder.gate_table)
+
+
+# Each decoder's GateTable, kept for its next search (Decoder.gate_table). Beside the module, not on it: a cache,
+# which copies of the model (deepcopy, pickle) neither carry nor need, and whose packed weight cannot be copied.
+_GATE_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class GateTable:
+    """Layer 0's embedding gates by target id, for searches on the CPU fast path (``loop``).
+
+    A search step feeds back the ids it chose; the RNN's first input product turns each id's embedding e_y
+    into W_e e_y + b [G*H] (``RNN.first_gates``), the same vector whenever the same id comes back. The table
+    computes an id's row the first time a search feeds it (one product over the step's new ids) and gathers
+    it after that, so most steps gather [N, G*H] rows instead of an [N, E] × [E, G*H] product (for model R
+    about 6% of a search step's arithmetic). The rows come from the same packed product
+    (``rnn.packed_linear``), whose result for a row does not depend on the other rows of the call
+    (tests/test_fast_search.py): a step's gates are the same bit for bit as without the table. One table
+    serves every search while the weights it was made from are unchanged (``Decoder.gate_table``); its
+    memory ([V, G*H] floats) is only touched for the ids that occur.
+    """
+
+    def __init__(self, first: StepLinear, embed: torch.Tensor, key: tuple):
+        self.first, self.embed, self.key = first, embed, key
+        self.table: torch.Tensor | None = None  # [V, G*H], rows valid where ``have``
+        self.have = torch.zeros(embed.size(0), dtype=torch.bool, device=embed.device)
+
+    def __call__(self, y: torch.Tensor) -> torch.Tensor:
+        """y [N] target ids → their gates [N, G*H]."""
+        new = y[~self.have[y]]
+        if new.numel():
+            new = new.unique()
+            rows = self.first(self.embed.index_select(0, new))
+            if self.table is None:
+                self.table = rows.new_empty(self.embed.size(0), rows.size(1))
+            self.table[new] = rows
+            self.have[new] = True
+        return self.table.index_select(0, y)
 
 
 @dataclass
@@ -188,19 +227,53 @@ class Decoder(nn.Module):
         rnn, read, dtype = self.rnn.step_weights(self.emb_size), self.linear(self.read_layer()), self.rnn.matmul_dtype
         if vocab is not None and torch.is_grad_enabled():
             raise ValueError("a vocabulary shortlist is for search only (no gradients through it)")
+        gates = self.gate_table(rnn)
         if dtype is None and vocab is None and type(self.out) is nn.Linear and self._packs_float32():
-            return PassProducts(rnn, read, CastLinear(self.out.weight, self.out.bias, torch.float32, pack=True))
+            return PassProducts(rnn, read, CastLinear(self.out.weight, self.out.bias, torch.float32, pack=True), gates)
         if dtype is None or torch.is_grad_enabled():
-            return PassProducts(rnn, read, self.logits if vocab is None else output_rows(self.out, vocab, None))
+            out = self.logits if vocab is None else output_rows(self.out, vocab, None)
+            return PassProducts(rnn, read, out, gates)
         # Logits in the product dtype, as Decoder.logits gives them (an int8 layer makes its own product).
         if vocab is not None:
-            return PassProducts(rnn, read, output_rows(self.out, vocab, dtype))
+            return PassProducts(rnn, read, output_rows(self.out, vocab, dtype), gates)
         out = (
             CastLinear(self.out.weight, self.out.bias, dtype, pack=self.packs_weights())
             if type(self.out) is nn.Linear
             else self.out
         )
-        return PassProducts(rnn, read, out)
+        return PassProducts(rnn, read, out, gates)
+
+    def gate_table(self, rnn: StepWeights) -> GateTable | None:
+        """The ``GateTable`` a search over this pass's RNN products ``rnn`` reads its embedding gates from,
+        or None where a step computes them (``step_gates``): a table needs a pass without gradients, outside
+        training mode (dropout on the embeddings draws per step), the CPU fast path's packed first product
+        (``StepLinear`` over a packed weight: not int8, not F.linear), and no layer norm on the gates. The
+        table is kept on the decoder and used again while the embedding and the RNN's layer-0 input weights
+        are the same tensors, unchanged (their storage and version counter: an optimiser step or a loaded
+        state dict makes a new one)."""
+        first = rnn.first
+        if (
+            torch.is_grad_enabled()
+            or self.training
+            or not self.packs_weights()
+            or rnn.norm0 is not None
+            or type(first) is not StepLinear
+            or first.packed is None
+        ):
+            return None
+        weights = (self.embed.weight, self.rnn.weight_ih_l0, self.rnn.bias_ih_l0)
+        key = (first.w.dtype, *((w.data_ptr(), w._version) for w in weights))
+        table = _GATE_TABLES.get(self)
+        if table is None or table.key != key:
+            table = _GATE_TABLES[self] = GateTable(first, self.embed.weight.detach(), key)
+        return table
+
+    def step_gates(self, y_prev: torch.Tensor, emb: torch.Tensor, products: PassProducts) -> torch.Tensor:
+        """Layer 0's input gates from this step's target ids ``y_prev`` [B] and their embeddings ``emb`` [B, E]
+        (after dropout) → [B, G*H]: from the pass's GateTable where it has one, else the product itself."""
+        if products.gates is not None:
+            return products.gates(y_prev)
+        return self.rnn.first_gates(products.rnn, emb)
 
     # ---- interface ----
     def init_state(self, enc: EncoderOutput, vocab: torch.Tensor | None = None) -> DecoderState:
@@ -289,7 +362,7 @@ class BahdanauDecoder(Decoder):
 
     def step(self, y_prev, state):
         emb = self.emb_dropout(self.embed(y_prev))  # [B, E]
-        ctx, w, state = self._core(self.rnn.first_gates(state.weights.rnn, emb), state)
+        ctx, w, state = self._core(self.step_gates(y_prev, emb, state.weights), state)
         products = state.weights
         return products.out(self._readout(top(state.hidden), ctx, emb, products.read)), state, w
 
@@ -368,7 +441,7 @@ class LuongDecoder(Decoder):
 
     def step(self, y_prev, state):
         emb = self.emb_dropout(self.embed(y_prev))  # [B, E]
-        att, w, state = self._core(self.rnn.first_gates(state.weights.rnn, emb), state)
+        att, w, state = self._core(self.step_gates(y_prev, emb, state.weights), state)
         return state.weights.out(att), state, w
 
     def _teacher_forced(self, tgt_in, enc):
