@@ -227,30 +227,27 @@ class Decoder(nn.Module):
         rnn, read, dtype = self.rnn.step_weights(self.emb_size), self.linear(self.read_layer()), self.rnn.matmul_dtype
         if vocab is not None and torch.is_grad_enabled():
             raise ValueError("a vocabulary shortlist is for search only (no gradients through it)")
-        gates = self.gate_table(rnn)
         if dtype is None and vocab is None and type(self.out) is nn.Linear and self._packs_float32():
-            return PassProducts(rnn, read, CastLinear(self.out.weight, self.out.bias, torch.float32, pack=True), gates)
-        if dtype is None or torch.is_grad_enabled():
+            out = CastLinear(self.out.weight, self.out.bias, torch.float32, pack=True)
+        elif dtype is None or torch.is_grad_enabled():
             out = self.logits if vocab is None else output_rows(self.out, vocab, None)
-            return PassProducts(rnn, read, out, gates)
         # Logits in the product dtype, as Decoder.logits gives them (an int8 layer makes its own product).
-        if vocab is not None:
-            return PassProducts(rnn, read, output_rows(self.out, vocab, dtype), gates)
-        out = (
-            CastLinear(self.out.weight, self.out.bias, dtype, pack=self.packs_weights())
-            if type(self.out) is nn.Linear
-            else self.out
-        )
-        return PassProducts(rnn, read, out, gates)
+        elif vocab is not None:
+            out = output_rows(self.out, vocab, dtype)
+        elif type(self.out) is nn.Linear:
+            out = CastLinear(self.out.weight, self.out.bias, dtype, pack=self.packs_weights())
+        else:
+            out = self.out
+        return PassProducts(rnn, read, out, self.gate_table(rnn))
 
     def gate_table(self, rnn: StepWeights) -> GateTable | None:
         """The ``GateTable`` a search over this pass's RNN products ``rnn`` reads its embedding gates from,
         or None where a step computes them (``step_gates``): a table needs a pass without gradients, outside
         training mode (dropout on the embeddings draws per step), the CPU fast path's packed first product
         (``StepLinear`` over a packed weight: not int8, not F.linear), and no layer norm on the gates. The
-        table is kept on the decoder and used again while the embedding and the RNN's layer-0 input weights
-        are the same tensors, unchanged (their storage and version counter: an optimiser step or a loaded
-        state dict makes a new one)."""
+        table is kept beside the decoder (``_GATE_TABLES``) and used again while the embedding and the RNN's
+        layer-0 input weights are the same tensors, unchanged (their storage and version counter: an optimiser
+        step or a loaded state dict makes a new one)."""
         first = rnn.first
         if (
             torch.is_grad_enabled()
