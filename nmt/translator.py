@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from nmt.data.batching import eval_batches
+from nmt.data.batching import eval_batches, eval_groups
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError, line_list
 from nmt.search import Hypothesis, Searchable, SearchOptions, beam_search
@@ -36,6 +36,11 @@ class Translation:
     tgt_pieces: list[str]
     n_best: list[tuple[str, float]]  # (text, score) for each of the n-best, best first
     truncated: bool = False  # the source had more than max_input_len pieces: only its first ones were translated
+
+
+def blank() -> Translation:
+    """What a blank input line translates to."""
+    return Translation("", Hypothesis([], 0.0, 0.0, None), [], [], [("", 0.0)])
 
 
 class Translator:
@@ -66,17 +71,11 @@ class Translator:
         """One translation per input, in input order; blank inputs give empty outputs."""
         was_training = self.model.training
         self.model.eval()
-        ids = self.tok.encode_src([t.strip() for t in texts])
-        too_long = [len(s) > self.max_input_len for s in ids]
+        ids, too_long, keep = self._encode(texts)
         if self.warn_truncated and any(too_long):
             log.warning("%d input line(s) longer than %d pieces were truncated", sum(too_long), self.max_input_len)
-        ids = [s[: self.max_input_len] for s in ids]
-        keep = [i for i, s in enumerate(ids) if s]
         results: list[Translation | None] = [None] * len(texts)
-        # Beams multiply the batch: keep sentences x beams x length near the budget.
-        width = self.search.n_best if self.search.sample else self.search.beam_size  # rows per sentence
-        budget = max(self.max_tokens // width, 1)
-        for group, batch in eval_batches([ids[i] for i in keep], None, budget):
+        for group, batch in eval_batches([ids[i] for i in keep], None, self._budget()):
             b = batch.to(self.device)
             vocab = None if self.shortlist is None else self.shortlist.select(b.src)
             nbests = beam_search(self.model, b.src, b.src_len, self.search, return_attention, vocab)
@@ -93,8 +92,29 @@ class Translator:
                     too_long[i],
                 )
         self.model.train(was_training)
-        empty = Translation("", Hypothesis([], 0.0, 0.0, None), [], [], [("", 0.0)])
-        return [r if r is not None else empty for r in results]
+        return [r if r is not None else blank() for r in results]
+
+    def plan(self, texts: list[str]) -> list[list[int]]:
+        """The search batches ``translate(texts)`` makes, as lists of indices into ``texts``, the most work
+        first (sentences x their padded length); blank inputs form no batch. ``translate`` over one of these
+        lists makes that one batch again (its sentences fit the budget in any order), so decoding processes
+        that take them one at a time (``Workers``) search exactly the batches this process would."""
+        ids, _, keep = self._encode(texts)
+        groups = [[keep[j] for j in g] for g in eval_groups([ids[i] for i in keep], None, self._budget())]
+        return sorted(groups, key=lambda g: len(g) * max(len(ids[i]) for i in g), reverse=True)
+
+    def _encode(self, texts: list[str]) -> tuple[list[list[int]], list[bool], list[int]]:
+        """Source ids cut to max_input_len, which inputs were longer, and the indices of the non-blank ones."""
+        ids = self.tok.encode_src([t.strip() for t in texts])
+        too_long = [len(s) > self.max_input_len for s in ids]
+        ids = [s[: self.max_input_len] for s in ids]
+        return ids, too_long, [i for i, s in enumerate(ids) if s]
+
+    def _budget(self) -> int:
+        """Source tokens per search batch: beams multiply the batch, so sentences x beams x length stays
+        near max_tokens."""
+        width = self.search.n_best if self.search.sample else self.search.beam_size  # rows per sentence
+        return max(self.max_tokens // width, 1)
 
 
 def report_truncated(lines: list[int], name: str, limit: int) -> None:
@@ -173,7 +193,8 @@ def resolve_workers(requested: int, device: torch.device, interactive: bool = Fa
 
 class Workers:
     """``translate`` over ``n`` forked one-thread processes (n = 1: the translator itself, in this process):
-    each line goes to one process, in contiguous shares, and results come back in input order. Use as a
+    the lines are cut into the search batches one process would make (``Translator.plan``), each process takes
+    the next batch when it is free, and results come back in input order. Use as a
     context manager; the processes end with it. A process that dies (out of memory, killed) ends the command
     with an NmtError instead of leaving it waiting."""
 
@@ -198,8 +219,10 @@ class Workers:
     def translate(self, texts: list[str], return_attention: bool = False) -> list[Translation]:
         if self._pool is None or len(texts) < 2:
             return self.tr.translate(texts, return_attention)
-        size = -(-len(texts) // self.n)  # ceil: at most n shares
-        shares = [texts[i : i + size] for i in range(0, len(texts), size)]
+        # One search batch per share, the most work first, each taken by the next process that is free: the
+        # processes stay busy to the end, and search exactly the batches one process would (Translator.plan).
+        groups = self.tr.plan(texts)
+        shares = [[texts[i] for i in g] for g in groups]
         try:
             done = list(self._pool.map(_translate_share, shares, [return_attention] * len(shares)))
         except BrokenProcessPool:
@@ -207,7 +230,11 @@ class Workers:
                 f"a decoding process died (out of memory, or killed); workers=1 decodes in this process, "
                 f"workers=N in N (now {self.n})"
             ) from None
-        return _swap_attention([t for share in done for t in share])
+        out = [blank() for _ in texts]  # blank lines form no batch
+        for g, share in zip(groups, done):
+            for i, t in zip(g, _swap_attention(share)):
+                out[i] = t
+        return out
 
 
 @contextmanager

@@ -342,7 +342,13 @@ def eval_batches(
     Sources longer than the budget still get a batch of their own, so nothing is dropped.
     """
     tgts = tgt_ids if tgt_ids is not None else [[] for _ in src_ids]
+    for g in eval_groups(src_ids, tgt_ids, max_tokens):
+        yield g, collate([src_ids[i] for i in g], [tgts[i] for i in g])
+
+
+def eval_groups(src_ids: list[list[int]], tgt_ids: list[list[int]] | None, max_tokens: int) -> list[list[int]]:
+    """The index groups of ``eval_batches``, without collating them."""
+    tgts = tgt_ids if tgt_ids is not None else [[] for _ in src_ids]
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgts)]
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    for g in token_budget_groups(order, lengths, max_tokens):
-        yield g, collate([src_ids[i] for i in g], [tgts[i] for i in g])
+    return token_budget_groups(order, lengths, max_tokens)
