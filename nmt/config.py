@@ -295,7 +295,7 @@ class DecodeConfig:
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads on CPU (0 = leave torch's default)
     # nmt.translate input=FILE and nmt.evaluate on a CPU (Linux): decode in this many one-thread processes, each
-    # a share of the lines (0 = auto: one per CPU thread, see threads, up to 8; 1 = this process only). Same
+    # taking the next search batch (0 = auto: one per CPU thread, see threads, up to 8; 1 = this process only). Same
     # translations, faster (docs/benchmarks.md, run 11). stdin, nmt.serve and CUDA decode in one process.
     workers: int = 0
     # none | int8: the decoder's linear and recurrent products in int8 (CPU only; nmt.models.quant)
