@@ -124,7 +124,8 @@ class Measured:
         if self.cached_at:
             text += f"; cached {self.cached_at} in {self.cache} (delete it to measure again)"
         else:
-            text += f"; took {self.seconds:.1f} s" + (f", saved to {self.cache}" if self.cache else "")
+            took = f"{self.seconds:.1f} s" if self.seconds >= 0.1 else f"{1000 * self.seconds:.0f} ms"  # not "0.0 s"
+            text += f"; took {took}" + (f", saved to {self.cache}" if self.cache else "")
         return text + f"; {self.forces}=bf16 or none forces a choice"
 
 

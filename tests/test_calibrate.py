@@ -17,7 +17,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nmt.calibrate import BF16_MARGIN, Calibration, StepTimer, calibrate, cpu_has_native_bf16, measure_model
+from nmt.calibrate import (
+    BF16_MARGIN,
+    Calibration,
+    Measured,
+    StepTimer,
+    calibrate,
+    cpu_has_native_bf16,
+    measure_model,
+)
 from nmt.config import TrainConfig
 from nmt.models.build import build_model
 from nmt.models.rnn import RNN
@@ -187,3 +195,10 @@ def test_the_loss_line_says_whether_the_train_loss_is_smoothed():
 
     assert "not smoothed" in describe_loss(0.2) and "label_smoothing=0.2" in describe_loss(0.2)
     assert describe_loss(0.0) == "cross-entropy per target piece, in training and validation alike"
+
+
+@pytest.mark.parametrize("seconds, took", [(0.034, "took 34 ms"), (0.1, "took 0.1 s"), (2.26, "took 2.3 s")])
+def test_the_log_says_how_long_measuring_took_without_rounding_it_to_nothing(seconds, took):
+    """A probe of a few milliseconds read "took 0.0 s" in the log (session 88, a Xeon without bf16 units)."""
+    m = Measured(False, 0.29, "some CPU", 2, "probe", None, seconds=seconds)
+    assert f"; {took}; trainer.amp=bf16 or none forces a choice" in m.reason()
