@@ -42,14 +42,20 @@ def run(folder: Path, checkpoint: Path, src: Path, out: Path, extra: list[str]) 
     return took
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of the docstring. Intermixed: plain ``parse_args`` binds the overrides' positional to
+    nothing once it has read CHECKPOINT, and then refused the usage above ("unrecognized arguments")."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--baseline", type=Path, required=True, help="another checkout of the repository")
     ap.add_argument("--input", type=Path, help="source lines (default: valid.tsv's first column)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("extra", nargs="*", help="KEY=VALUE overrides for both checkouts (after --)")
-    args = ap.parse_args()
+    return ap.parse_intermixed_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         src = args.input
